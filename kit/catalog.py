@@ -1,0 +1,119 @@
+"""The engine catalog: one record per ``images/<engine>.yaml``.
+
+An engine is data: its source, flavors, build inputs, entrypoint, port, health path, supported ranges and how
+config settings become serve flags. Adding a pip-installed server is a new YAML file with ``recipe: wheel``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kit import paths
+from kit.errors import KitError
+from kit.fuzzy import did_you_mean
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Flavor(_Record):
+    gpu: bool
+    cmake: dict[str, str] = Field(default_factory=dict)
+
+
+class Source(_Record):
+    git: str = ""
+    ref: str = ""
+    wheelhouse: bool = False
+    package: str = ""
+
+
+class BuildInputs(_Record):
+    packages: list[str] = Field(default_factory=list)
+    cmake: dict[str, str] = Field(default_factory=dict)
+    targets: list[str] = Field(default_factory=list)
+    torch_index: str = ""
+
+
+class RuntimeInputs(_Record):
+    packages: list[str] = Field(default_factory=list)
+    binaries: list[str] = Field(default_factory=list)
+    libraries: list[str] = Field(default_factory=list)
+    prefix: str = "/app"
+
+
+class Supports(_Record):
+    dtypes: list[str] = Field(default_factory=list)
+    model_formats: list[str] = Field(default_factory=list)
+    cuda_max_for_arch: dict[int, str] = Field(default_factory=dict)
+
+
+class ServeArg(_Record):
+    flag: str
+    value: str | None = None
+    when: str | None = None
+
+
+class Serve(_Record):
+    args: list[ServeArg]
+    env: dict[str, str] = Field(default_factory=dict)
+    api_key_env: str = ""
+
+
+class Engine(_Record):
+    name: str
+    recipe: Literal["cmake", "torch-source", "wheel"]
+    description: str
+    homepage: str = ""
+    version: str
+    source: Source
+    default_flavor: str
+    flavors: dict[str, Flavor]
+    build: BuildInputs = Field(default_factory=BuildInputs)
+    runtime: RuntimeInputs = Field(default_factory=RuntimeInputs)
+    entrypoint: list[str]
+    port: int
+    health: str
+    health_cmd: list[str]
+    supports: Supports = Field(default_factory=Supports)
+    settings: dict[str, Any] = Field(default_factory=dict)
+    serve: Serve
+
+    @property
+    def slug(self) -> str:
+        """Name usable in image tags, folder names and compose service keys (``llama.cpp`` -> ``llama-cpp``)."""
+        return self.name.replace(".", "-").replace("_", "-").lower()
+
+
+@lru_cache(maxsize=4)
+def _load(folder: str) -> dict[str, Engine]:
+    engines: dict[str, Engine] = {}
+    for path in sorted(Path(folder).glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if not isinstance(raw, dict) or "recipe" not in raw:
+            continue  # rules.yaml, presets.yaml and friends live here too
+        try:
+            engine = Engine.model_validate(raw)
+        except ValidationError as exc:  # a broken catalog is our bug, but say where
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise KitError(f"{path.name}:{loc}", first["msg"], "fix the engine definition") from None
+        engines[engine.name] = engine
+    return engines
+
+
+def all_engines(folder: Path | None = None) -> dict[str, Engine]:
+    return _load(str(folder or paths.images_dir()))
+
+
+def get(name: str, field: str = "stack.primary") -> Engine:
+    engines = all_engines()
+    if name not in engines:
+        raise KitError(field, f"unknown engine {name!r}", did_you_mean(name, engines))
+    return engines[name]

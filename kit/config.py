@@ -1,0 +1,282 @@
+"""The stack config (``kit.yaml``) as a typed, validated model.
+
+Every field has a default, and the defaults are the seeds' setup: 2 x V100-SXM2-16GB over NVLink, sm_70, CUDA
+12.9.1, NCCL 2.27.3, llama.cpp serving a 27B IQ4_XS GGUF at 16K context with MTP draft 3. A preset
+(``images/presets.yaml``) is a partial override of these defaults; a user file is a partial override of a preset.
+
+Facts live once: the NCCL version is ``nccl.version`` and nothing else; both Dockerfile stages read it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kit import catalog, paths
+from kit.errors import KitError
+from kit.fuzzy import did_you_mean
+from kit.versions import is_version
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def _version(value: Any) -> str:
+    text = str(value).strip()
+    if not is_version(text):
+        raise ValueError(f"{text!r} is not a version; write it like 12.9.1")
+    return text
+
+
+class Stack(Section):
+    name: str = Field("v100", description="Compose project name and prefix for containers.")
+    primary: str = Field("llama.cpp", description="The engine that serves requests (a name from `kit engines`).")
+    fallback: str | None = Field(None, description="A second engine that answers when the primary is down.")
+    front_door: bool = Field(False, description="Put an nginx proxy in front: primary first, fallback as backup.")
+
+
+class Hardware(Section):
+    gpu_model: str = Field("Tesla V100-SXM2-16GB", description="As nvidia-smi names it; `kit doctor` compares.")
+    gpus: int = Field(2, ge=0, description="GPUs the engines use (0 = CPU only).")
+    memory_gib: float = Field(16, gt=0, description="Memory of one GPU in GiB.")
+    archs: list[int | str] = Field(
+        default_factory=lambda: [70], description="SM architectures to compile for (70 = V100). Never 'native'."
+    )
+    interconnect: Literal["nvlink", "pcie", "none"] = Field("nvlink", description="How the GPUs talk (NCCL env).")
+    device_ids: list[str] = Field(default_factory=lambda: ["0", "1"], description="GPU ids given to the containers.")
+
+    @field_validator("device_ids", mode="before")
+    @classmethod
+    def _ids_as_str(cls, value: Any) -> Any:
+        return [str(v) for v in value] if isinstance(value, list) else value
+
+
+class Cuda(Section):
+    version: str = Field("12.9.1", description="CUDA toolkit; 12.9.1 is the newest that compiles sm_70.")
+    source: Literal["image", "wheels"] = Field(
+        "image", description="image: nvidia/cuda devel/runtime images; wheels: CUDA from PyPI on a plain Debian base."
+    )
+    os: str = Field("ubuntu22.04", description="OS suffix of the nvidia/cuda image tags.")
+
+    _check_version = field_validator("version", mode="before")(classmethod(lambda cls, v: _version(v)))
+
+
+class Nccl(Section):
+    version: str = Field("2.27.3", description="THE NCCL version, installed and checked in builder and runtime.")
+    source: Literal["apt", "pip"] = Field(
+        "apt", description="apt: libnccl2 from NVIDIA's repo (nvidia/cuda images); pip: nvidia-nccl-cu12."
+    )
+
+    _check_version = field_validator("version", mode="before")(classmethod(lambda cls, v: _version(v)))
+
+
+class Base(Section):
+    builder: str = Field("", description="Builder base image; empty = chosen from cuda.source and the flavor.")
+    runtime: str = Field("", description="Runtime base image; empty = chosen from cuda.source and the flavor.")
+
+
+class Mirrors(Section):
+    registry: str = Field("", description="Prefix for base image names, e.g. 'docker.m.daocloud.io/'.")
+    apt: str = Field("", description="Debian/Ubuntu mirror URL replacing deb.debian.org / archive.ubuntu.com.")
+    pip_index: str = Field("", description="pip index URL used inside builds.")
+    ca_bundle: str = Field("", description="PEM bundle on this host trusted inside builds (apt, pip, git).")
+
+
+class Build(Section):
+    jobs: int | Literal["auto"] = Field("auto", description="Parallel compile jobs; auto = min(cpus, memory / per job).")
+    cpus: int | Literal["auto"] = Field("auto", description="CPUs of the build host; auto = this machine.")
+    memory_gib: float | Literal["auto"] = Field("auto", description="Memory of the build host; auto = this machine.")
+    memory_per_job_gib: float = Field(4, gt=0, description="Peak memory of one nvcc job (seed 000: ~4 GB).")
+    registry: str = Field("kit", description="Image name prefix: <registry>/<engine>:<tag>.")
+    push: bool = Field(False, description="Push after building. Off: a missing registry account must not fail builds.")
+
+
+class Model(Section):
+    dir: str = Field("./models", description="Host folder with the model; mounted read-only at /models.")
+    file: str = Field("Qwen3.8-27B-IQ4_XS.gguf", description="GGUF file or HF folder inside model.dir.")
+    name: str = Field("qwen3.8-27b", description="Name the API serves the model as.")
+    format: Literal["gguf", "hf"] = Field("gguf", description="gguf for llama.cpp; hf (safetensors) for vLLM/NInfer.")
+    size_gib: float = Field(15.0, gt=0, description="Weights size, for the healthcheck start period and kit plan.")
+    dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="Volta has no bf16: float16.")
+    ctx: int | Literal["auto"] = Field(16384, description="Context length; auto = the largest that kit plan fits.")
+
+
+class Serve(Section):
+    port: int = Field(8080, ge=1, le=65535, description="Host port of the endpoint.")
+    expose: bool = Field(False, description="Bind on all interfaces; off = 127.0.0.1 only.")
+    api_key: bool = Field(True, description="Generate an API key into .env (mode 0600).")
+
+
+class StackConfig(Section):
+    preset: str | None = Field(None, description="Preset this file starts from (`kit init --preset`).")
+    stack: Stack = Field(default_factory=Stack)
+    hardware: Hardware = Field(default_factory=Hardware)
+    cuda: Cuda = Field(default_factory=Cuda)
+    nccl: Nccl = Field(default_factory=Nccl)
+    base: Base = Field(default_factory=Base)
+    mirrors: Mirrors = Field(default_factory=Mirrors)
+    build: Build = Field(default_factory=Build)
+    model: Model = Field(default_factory=Model)
+    serve: Serve = Field(default_factory=Serve)
+    engines: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Per-engine settings over the catalog defaults (`kit engines`)."
+    )
+
+    # ----- derived facts, computed once here so templates and code never re-derive them -----
+    def engine_names(self) -> list[str]:
+        names = [self.stack.primary]
+        if self.stack.fallback:
+            names.append(self.stack.fallback)
+        return names
+
+    def engine_settings(self, name: str) -> dict[str, Any]:
+        """Catalog defaults with this config's overrides on top."""
+        merged = copy.deepcopy(catalog.get(name).settings)
+        merged.update(copy.deepcopy(self.engines.get(name, {})))
+        return merged
+
+    def build_jobs(self) -> int:
+        """Compile jobs bounded by memory: min(CPUs, memory / memory per job), at least 1 (seed 000 pit 2)."""
+        if self.build.jobs != "auto":
+            return int(self.build.jobs)
+        cpus = (os.cpu_count() or 1) if self.build.cpus == "auto" else int(self.build.cpus)
+        memory = _host_memory_gib() if self.build.memory_gib == "auto" else float(self.build.memory_gib)
+        return max(1, min(cpus, int(memory // self.build.memory_per_job_gib)))
+
+
+def _host_memory_gib() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        return 8.0
+
+
+# ------------------------------------------------------------------ loading
+
+
+def presets() -> dict[str, dict[str, Any]]:
+    data = yaml.safe_load((paths.images_dir() / "presets.yaml").read_text(encoding="utf-8"))
+    return data["presets"]
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "engines_replace":
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def preset_data(name: str) -> dict[str, Any]:
+    table = presets()
+    if name not in table:
+        raise KitError("preset", f"unknown preset {name!r}", did_you_mean(name, table))
+    return copy.deepcopy(table[name]["config"])
+
+
+def from_dict(raw: dict[str, Any], origin: str = "kit.yaml") -> StackConfig:
+    if not isinstance(raw, dict):
+        raise KitError("", f"{origin} must be a YAML mapping", "start from `kit init`")
+    data = raw
+    if raw.get("preset"):
+        data = deep_merge(preset_data(str(raw["preset"])), raw)
+    try:
+        config = StackConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _to_kit_error(exc) from None
+    _check_engines(config)
+    return config
+
+
+def load(path: str | Path | None) -> StackConfig:
+    """Read ``kit.yaml``; no path means the defaults (the dual-V100 NVLink stack)."""
+    if path is None:
+        return from_dict({})
+    file = Path(path)
+    if not file.is_file():
+        raise KitError("--config", f"{file} does not exist", "create one with `kit init -o kit.yaml`")
+    try:
+        raw = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise KitError("--config", f"{file} is not valid YAML{where}", "fix the indentation or quoting") from None
+    return from_dict(raw, origin=str(file))
+
+
+_UNION_TAGS = {"int", "float", "str", "bool", "list", "dict"}
+
+
+def _to_kit_error(exc: ValidationError) -> KitError:
+    err = exc.errors()[0]
+    loc = [str(p) for p in err["loc"] if str(p) not in _UNION_TAGS and "[" not in str(p)]
+    field = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        valid = list(parent.model_fields) if parent else []
+        return KitError(field, "unknown key", did_you_mean(loc[-1], valid))
+    literal = [e for e in exc.errors() if e["type"] == "literal_error" and e["loc"][: len(err["loc"]) - 1] == err["loc"][:-1]]
+    if literal:
+        expected = literal[0]["ctx"]["expected"]
+        numeric = err["type"] in ("int_parsing", "float_parsing", "int_type", "float_type")
+        fix = f"use a number or {expected}" if numeric else f"use one of {expected}"
+        return KitError(field, f"{literal[0].get('input')!r} is not allowed", fix)
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if "; " in message:
+        problem, fix = message.split("; ", 1)
+        return KitError(field, problem, fix)
+    return KitError(field, message, "see `kit init` for the expected form")
+
+
+def _model_at(loc: list[str]) -> type[BaseModel] | None:
+    model: type[BaseModel] = StackConfig
+    for part in loc:
+        field = model.model_fields.get(part)
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    return model
+
+
+def _check_engines(config: StackConfig) -> None:
+    """Engine names and their settings are checked against the catalog: names, keys and value types."""
+    known = catalog.all_engines()
+    for field, name in (("stack.primary", config.stack.primary), ("stack.fallback", config.stack.fallback)):
+        if name is not None and name not in known:
+            raise KitError(field, f"unknown engine {name!r}", did_you_mean(name, known))
+    if config.stack.fallback and config.stack.fallback == config.stack.primary:
+        raise KitError("stack.fallback", "is the same engine as stack.primary", "pick another engine or remove it")
+    for name, overrides in config.engines.items():
+        if name not in known:
+            raise KitError(f"engines.{name}", "unknown engine", did_you_mean(name, known))
+        if not isinstance(overrides, dict):
+            raise KitError(f"engines.{name}", "must be a mapping of settings", "see `kit engines --settings`")
+        defaults = known[name].settings
+        for key, value in overrides.items():
+            if key not in defaults:
+                raise KitError(f"engines.{name}.{key}", "unknown key", did_you_mean(key, defaults))
+            _check_type(f"engines.{name}.{key}", value, defaults[key])
+
+
+def _check_type(field: str, value: Any, default: Any) -> None:
+    if default is None or value is None and default == "":
+        return
+    expected: tuple[type, ...]
+    if isinstance(default, bool):
+        expected = (bool,)
+    elif isinstance(default, (int, float)):
+        expected = (int, float)
+    elif isinstance(default, list):
+        expected = (list,)
+    else:
+        expected = (str, int, float)  # "all" or 99, "auto" or 0.9: strings may hold numbers
+    if isinstance(value, bool) and not isinstance(default, bool) or not isinstance(value, expected):
+        raise KitError(field, f"{value!r} has the wrong type", f"use a value like {default!r}")

@@ -1,0 +1,188 @@
+"""Decide everything an engine's Dockerfile needs, as plain values for its template.
+
+Decisions (base images, NCCL package names, arch spellings, cmake flags, job count) are made here once; the
+templates in ``templates/dockerfile/`` only lay them out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kit import __version__, archs, catalog, serving
+from kit.config import StackConfig
+from kit.versions import major_minor
+
+# CUDA pieces from PyPI (cuda.source: wheels). The 12.x nvcc wheel has ptxas, nvvm and headers but no `nvcc`
+# driver; the compile stage says so instead of failing obscurely.
+CUDA_BUILDER_WHEELS = ["nvidia-cuda-nvcc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12", "nvidia-cuda-cccl-cu12"]
+CUDA_RUNTIME_WHEELS = ["nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12"]
+DEBIAN_BASE = "debian:bookworm-slim"
+PIP_PACKAGES = ["python3", "python3-pip"]
+USER = {"name": "kit", "uid": 10001, "home": "/home/kit"}
+
+
+def engine_cuda_version(config: StackConfig, name: str) -> str:
+    """An engine may need its own toolkit (vLLM keeps sm_70 only below CUDA 12.8); the stack's otherwise."""
+    return str(config.engine_settings(name).get("cuda") or config.cuda.version)
+
+
+def base_images(config: StackConfig, name: str, gpu: bool) -> dict[str, str]:
+    cuda = engine_cuda_version(config, name)
+    if gpu and config.cuda.source == "image":
+        defaults = {
+            "builder": f"nvidia/cuda:{cuda}-devel-{config.cuda.os}",
+            "runtime": f"nvidia/cuda:{cuda}-runtime-{config.cuda.os}",
+        }
+    else:
+        defaults = {"builder": DEBIAN_BASE, "runtime": DEBIAN_BASE}
+    out = {}
+    for stage, default in defaults.items():
+        chosen = getattr(config.base, stage) or default
+        out[stage] = chosen if getattr(config.base, stage) else config.mirrors.registry + chosen
+    return out
+
+
+def nccl_facts(config: StackConfig, name: str) -> dict[str, Any]:
+    cuda = engine_cuda_version(config, name)
+    root = "/opt/kit/nccl/nvidia/nccl"
+    apt = config.nccl.source == "apt"
+    return {
+        "version": config.nccl.version,
+        "source": config.nccl.source,
+        "apt_version": f"{config.nccl.version}-1+cuda{major_minor(cuda)}",
+        "pip_requirement": f"nvidia-nccl-cu12=={config.nccl.version}",
+        "pip_root": root,
+        "pip_lib": f"{root}/lib",
+        "so_path": "/usr/lib/x86_64-linux-gnu/libnccl.so.2" if apt else f"{root}/lib/libnccl.so.2",
+    }
+
+
+def image_tag(config: StackConfig, name: str) -> str:
+    """``kit/llama-cpp:0c1e57098-cu12.9.1-sm70``; the cpu flavor is ``...-cpu``."""
+    engine = catalog.get(name)
+    settings = config.engine_settings(name)
+    gpu = engine.flavors[serving.flavor(config, name)].gpu
+    ref = str(settings.get("ref") or engine.version).lstrip("v")
+    if gpu:
+        suffix = f"cu{engine_cuda_version(config, name)}-{archs.label(_archs(config))}"
+    else:
+        suffix = "cpu"
+    return f"{config.build.registry}/{engine.slug}:{ref}-{suffix}"
+
+
+def _archs(config: StackConfig) -> list[int]:
+    return [int(a) for a in config.hardware.archs]
+
+
+def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
+    engine = catalog.get(name)
+    settings = config.engine_settings(name)
+    flavor_name = serving.flavor(config, name)
+    flavor = engine.flavors[flavor_name]
+    gpu = flavor.gpu
+    arch_list = _archs(config) if gpu else []
+    wheels = gpu and config.cuda.source == "wheels"
+    pip_nccl = gpu and config.nccl.source == "pip"
+    cuda_version = engine_cuda_version(config, name)
+    cuda_pin = f"=={major_minor(cuda_version)}.*"
+    nccl = nccl_facts(config, name) if gpu else None
+    ref = str(settings.get("ref") or engine.source.ref or engine.version)
+
+    cmake_flags: dict[str, str] = dict(engine.build.cmake)
+    cmake_flags.update(flavor.cmake)
+    if gpu:
+        cmake_flags["CMAKE_CUDA_ARCHITECTURES"] = f'"{archs.cmake(arch_list)}"'
+        if nccl and nccl["source"] == "pip":
+            cmake_flags["NCCL_ROOT"] = nccl["pip_root"]
+
+    build_packages = list(engine.build.packages)
+    runtime_packages = list(engine.runtime.packages)
+    if wheels or pip_nccl or engine.recipe != "cmake":
+        build_packages += [p for p in PIP_PACKAGES if p not in build_packages]
+    if wheels or pip_nccl:
+        runtime_packages += [p for p in PIP_PACKAGES if p not in runtime_packages]
+    if nccl and "build-essential" not in build_packages:
+        build_packages.append("build-essential")  # compiles the kit-nccl-version probe
+
+    manifest = {
+        "engine": engine.name,
+        "ref": ref,
+        "flavor": flavor_name,
+        "recipe": engine.recipe,
+        "archs": arch_list,
+        "cuda": cuda_version if gpu else None,
+        "cuda_source": config.cuda.source if gpu else None,
+        "nccl_pin": nccl["version"] if nccl else None,
+        "nccl_source": nccl["source"] if nccl else None,
+        "nccl_builder": "@NCCL_BUILDER@" if nccl else None,
+        "build_flags": {k: v.strip('"') for k, v in sorted(cmake_flags.items())},
+        "torch_cuda_arch_list": archs.torch(arch_list) if gpu and engine.recipe == "torch-source" else None,
+        "entrypoint": engine.entrypoint,
+        "kit_version": __version__,
+    }
+    labels = {
+        "org.opencontainers.image.title": f"kit {engine.name}",
+        "org.opencontainers.image.version": ref,
+        "org.opencontainers.image.source": engine.source.git or engine.homepage or "local",
+        "io.kit.engine": engine.name,
+        "io.kit.flavor": flavor_name,
+        "io.kit.archs": ",".join(str(a) for a in arch_list),
+        "io.kit.cuda": cuda_version if gpu else "none",
+        "io.kit.nccl": nccl["version"] if nccl else "none",
+    }
+    return {
+        "kit_version": __version__,
+        "engine": {"name": engine.name, "ref": ref, "recipe": engine.recipe},
+        "flavor": flavor_name,
+        "gpu": gpu,
+        "images": base_images(config, name, gpu),
+        "cuda": {
+            "version": cuda_version,
+            "source": config.cuda.source,
+            "builder_wheels": [w + cuda_pin for w in CUDA_BUILDER_WHEELS] if wheels else [],
+            "runtime_wheels": [w + cuda_pin for w in CUDA_RUNTIME_WHEELS] if wheels else [],
+        },
+        "nccl": nccl,
+        "archs": {"list": arch_list, "cmake": archs.cmake(arch_list), "torch": archs.torch(arch_list)},
+        "jobs": config.build_jobs(),
+        "cmake_flags": sorted(cmake_flags.items()),
+        "targets": engine.build.targets,
+        "binaries": engine.runtime.binaries,
+        "prefix": engine.runtime.prefix,
+        "build_packages": build_packages,
+        "runtime_packages": runtime_packages,
+        "mirrors": {"apt": config.mirrors.apt, "pip_index": config.mirrors.pip_index, "ca_bundle": ca_bundle},
+        "torch": {
+            "version": settings.get("torch", ""),
+            "variant": settings.get("torch_variant", ""),
+            "index": f"{engine.build.torch_index}/{settings.get('torch_variant', '')}",
+        },
+        "requirement": settings.get("requirement", ""),
+        "entrypoint": engine.entrypoint,
+        "port": engine.port,
+        "health": {"cmd": engine.health_cmd, "start_period": serving.start_period_s(config)},
+        "user": USER,
+        "labels": labels,
+        "manifest": manifest,
+    }
+
+
+def render_files(config: StackConfig, name: str) -> dict[str, str | Path]:
+    """Relative path -> text (or a host file to copy) for ``images/<engine>/``."""
+    from kit import paths, templating
+
+    engine = catalog.get(name)
+    ca = config.mirrors.ca_bundle
+    ctx = context(config, name, ca_bundle=bool(ca))
+    files: dict[str, str | Path] = {
+        "Dockerfile": templating.render(f"dockerfile/{engine.recipe}.Dockerfile.j2", ctx),
+        "kit/manifest.json": json.dumps(ctx["manifest"], indent=2) + "\n",
+    }
+    if ctx["gpu"]:
+        for helper in ("nccl-version.c", "nccl-check.sh"):
+            files[f"kit/{helper}"] = (paths.templates_dir() / "dockerfile" / "context" / helper).read_text()
+    if ca:
+        files["kit/ca.crt"] = Path(ca)
+    return files

@@ -1,0 +1,48 @@
+"""Write a commented ``kit.yaml`` with every field filled in (``kit init``).
+
+The comments are the field descriptions of the config model, so the file documents itself and cannot drift from
+what the loader accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from kit import catalog, config as cfg
+
+
+def _scalar(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix("\n...").strip()
+
+
+def render(preset: str) -> str:
+    summary = cfg.presets()[preset]["summary"] if preset in cfg.presets() else ""
+    model = cfg.from_dict({"preset": preset})
+    lines = [
+        f"# kit stack config - preset {preset}: {summary}",
+        "# Every field is shown with its value; delete any you do not change. `kit render -c kit.yaml -o out/`.",
+        f"preset: {preset}",
+    ]
+    for section, field in cfg.StackConfig.model_fields.items():
+        if section in ("preset", "engines"):
+            continue
+        sub: BaseModel = getattr(model, section)
+        lines.append("")
+        lines.append(f"# {field.description or ''}".rstrip() if field.description else f"# {section}")
+        lines.append(f"{section}:")
+        for key, subfield in type(sub).model_fields.items():
+            lines.append(f"  {key}: {_scalar(getattr(sub, key))}".ljust(40) + f"  # {subfield.description}")
+    lines.append("")
+    lines.append("# Engine settings over the catalog defaults (`kit engines --settings NAME` lists them).")
+    lines.append("engines:")
+    for name in model.engine_names():
+        lines.append(f"  {name}:")
+        for key, value in model.engine_settings(name).items():
+            lines.append(f"    {key}: {_scalar(value)}")
+    unused = [n for n in catalog.all_engines() if n not in model.engine_names()]
+    if unused:
+        lines.append(f"  # also available: {', '.join(unused)}")
+    return "\n".join(lines) + "\n"

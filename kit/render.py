@@ -1,0 +1,78 @@
+"""Render a stack into an output folder, all or nothing.
+
+Everything is rendered in memory first, written into a temporary folder next to the target and then swapped in,
+so a bad config or a failing template leaves the previous output (or no output) untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from kit import dockerfile
+from kit.config import StackConfig
+from kit.errors import KitError
+
+Files = dict[str, "str | bytes | Path"]
+# Extra producers (compose, 1Panel apps) register here so render stays one entry point.
+PRODUCERS: list[Callable[[StackConfig], Files]] = []
+# Files whose mode must be private (API keys in .env).
+PRIVATE = {".env"}
+
+
+def image_files(config: StackConfig) -> Files:
+    files: Files = {}
+    for name in config.engine_names():
+        for rel, content in dockerfile.render_files(config, name).items():
+            files[f"images/{name}/{rel}"] = content
+    return files
+
+
+def collect(config: StackConfig) -> Files:
+    ca = config.mirrors.ca_bundle
+    if ca and not Path(ca).is_file():
+        raise KitError("mirrors.ca_bundle", f"{ca} is not a file", "point it at a PEM bundle on this host")
+    files = image_files(config)
+    for produce in PRODUCERS:
+        files.update(produce(config))
+    return files
+
+
+def write_tree(target: Path, files: Files) -> None:
+    """Write ``files`` into a fresh temp dir beside ``target`` and swap it in; on any error nothing changes."""
+    target = target.resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        for rel, content in sorted(files.items()):
+            path = tmp / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, Path):
+                shutil.copyfile(content, path)
+            elif isinstance(content, bytes):
+                path.write_bytes(content)
+            else:
+                path.write_text(content, encoding="utf-8")
+            if rel.endswith(".sh"):
+                path.chmod(0o755)
+            if Path(rel).name in PRIVATE:
+                path.chmod(0o600)
+        old = None
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            target.rename(old)
+        tmp.rename(target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def render_stack(config: StackConfig, out: Path) -> list[str]:
+    files = collect(config)
+    write_tree(out, files)
+    return sorted(files)

@@ -1,0 +1,174 @@
+"""Apply the compatibility table in ``images/rules.yaml`` to a stack config.
+
+The table holds the facts (which versions drop Volta, which dtypes it lacks); this module holds a handful of generic
+checks that the table names. A rule whose fields are not part of this stack (an engine not in use) is skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from kit import catalog, paths
+from kit.config import StackConfig
+from kit.errors import KitError
+from kit.versions import at_least, is_version
+
+Facts = dict[str, Any]
+# A check returns None when the rule holds, or the values its message needs.
+Check = Callable[[Facts, dict[str, Any]], dict[str, Any] | None]
+
+_MISSING = object()
+CHECKS: dict[str, Check] = {}
+
+
+def check(fn: Check) -> Check:
+    CHECKS[fn.__name__] = fn
+    return fn
+
+
+@lru_cache(maxsize=1)
+def table() -> list[dict[str, Any]]:
+    return yaml.safe_load((paths.images_dir() / "rules.yaml").read_text(encoding="utf-8"))["rules"]
+
+
+def facts(config: StackConfig) -> Facts:
+    """The config as flat dotted paths; engine settings only for the engines in the stack."""
+    flat: Facts = {}
+    dumped = config.model_dump(exclude={"engines"})
+    for section, values in dumped.items():
+        if isinstance(values, dict):
+            for key, value in values.items():
+                flat[f"{section}.{key}"] = value
+    flat["engines.in_use"] = config.engine_names()
+    for name in config.engine_names():
+        for key, value in config.engine_settings(name).items():
+            flat[f"engines.{name}.{key}"] = value
+    return flat
+
+
+def min_arch(f: Facts) -> int | None:
+    archs = [a for a in f.get("hardware.archs", []) if isinstance(a, int)]
+    return min(archs) if archs else None
+
+
+def _version_text(value: Any) -> str:
+    return str(value).strip().lstrip("v")
+
+
+@check
+def version_at_least_with_arch_below(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+    value, arch = f.get(p["field"], _MISSING), min_arch(f)
+    if value is _MISSING or arch is None or arch >= p["arch_below"] or not is_version(_version_text(value)):
+        return None
+    if not at_least(_version_text(value), p["min"]):
+        return None
+    return {"value": value, "arch": arch, "major": _version_text(value).split(".")[0]}
+
+
+@check
+def value_in_with_arch_below(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+    value, arch = f.get(p["field"], _MISSING), min_arch(f)
+    if value is _MISSING or arch is None or arch >= p["arch_below"]:
+        return None
+    return {"value": value, "arch": arch} if value in p["values"] else None
+
+
+@check
+def value_never(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+    for value in f.get(p["field"], []):
+        if isinstance(value, str) and value.strip().lower() in p["values"]:
+            return {"value": value}
+    return None
+
+
+@check
+def all_in(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+    for value in f.get(p["field"], []):
+        if value not in p["values"]:
+            return {"value": value}
+    return None
+
+
+@check
+def gpu_needs_archs(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+    return {} if _gpu_engines(f) and not f.get("hardware.archs") else None
+
+
+@check
+def gpu_flavor_needs_gpus(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+    gpu = _gpu_engines(f)
+    return {"other": gpu[0]} if gpu and f.get("hardware.gpus") == 0 else None
+
+
+def _gpu_engines(f: Facts) -> list[str]:
+    engines = catalog.all_engines()
+    out = []
+    for name in f["engines.in_use"]:
+        flavor = engines[name].flavors.get(f.get(f"engines.{name}.flavor", ""))
+        if flavor is not None and flavor.gpu:
+            out.append(name)
+    return out
+
+
+@check
+def length_matches(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+    value, other = f.get(p["field"], _MISSING), f.get(p["other"], _MISSING)
+    if value is _MISSING or other is _MISSING or not isinstance(value, list):
+        return None
+    if p.get("skip_when_empty") and not value and other <= 1:
+        return None
+    if len(value) == other or other <= 1 and p.get("skip_when_empty") and len(value) <= 1:
+        return None
+    return {"value": len(value), "other": other}
+
+
+@check
+def requires(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+    if f.get(p["field"]) == p["value"] and f.get(p["other"]) != p["need"]:
+        return {"value": p["value"], "other": f.get(p["other"])}
+    return None
+
+
+@check
+def version_between(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+    if f.get(p["when_field"]) != p["when"]:
+        return None
+    value = _version_text(f.get(p["field"], ""))
+    if not is_version(value) or (at_least(value, p["min"]) and not at_least(value, p["below"])):
+        return None
+    return {"value": value}
+
+
+@check
+def no_url_credentials(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+    for field in p["fields"]:
+        value = str(f.get(field) or "")
+        url = value if "://" in value else f"https://{value}"
+        if value and urlsplit(url).password:
+            return {"field": field}
+    return None
+
+
+def validate(config: StackConfig) -> None:
+    """Raise the first broken rule as a KitError (one line: field, problem, fix)."""
+    f = facts(config)
+    for rule in table():
+        found = CHECKS[rule["check"]](f, rule["params"])
+        if found is not None:
+            field = found.get("field", rule["field"])
+            raise KitError(field if "{" not in field else rule["field"], rule["message"].format(**found),
+                           rule["fix"].format(**found))
+
+
+def load_valid(path: str | None) -> StackConfig:
+    """Load and validate: the one entry point every command uses."""
+    from kit.config import load
+
+    config = load(path)
+    validate(config)
+    return config

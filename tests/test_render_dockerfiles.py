@@ -1,0 +1,144 @@
+"""Rendered Dockerfiles: golden files, structure (one NCCL, exec entrypoint, exact archs) and atomic output."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from kit import catalog, render
+from tests.conftest import GOLDEN, nccl_versions, stages
+from tests.golden_cases import CASES, render_case
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_golden(case):
+    rendered = render_case(case)
+    expected = {p.relative_to(GOLDEN / case).as_posix(): p.read_text() for p in (GOLDEN / case).rglob("*") if p.is_file()}
+    assert sorted(rendered) == sorted(expected), "file list changed: run python tests/golden_cases.py --update"
+    for rel, text in rendered.items():
+        assert text == expected[rel], f"{case}/{rel} differs: run python tests/golden_cases.py --update and review"
+
+
+def _dockerfiles(case):
+    return {rel: text for rel, text in render_case(case).items() if rel.endswith("Dockerfile")}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_one_nccl_version_in_every_stage(case, configure):
+    config = configure(CASES[case])
+    for rel, text in _dockerfiles(case).items():
+        engine = catalog.get(rel.split("/")[1])
+        gpu = engine.flavors[config.engine_settings(engine.name)["flavor"]].gpu
+        by_stage = {name: nccl_versions(body) for name, body in stages(text).items()}
+        if not gpu:
+            assert not any(by_stage.values()), f"{rel}: a CPU image must not carry NCCL"
+            continue
+        assert by_stage["toolchain"] == {config.nccl.version}, rel
+        assert by_stage["runtime-base"] == {config.nccl.version}, rel
+        seen = set().union(*by_stage.values())
+        assert seen == {config.nccl.version}, f"{rel}: NCCL versions {seen}"
+        # both stages run the in-build check
+        assert "nccl-check.sh builder" in stages(text)["toolchain"]
+        assert "nccl-check.sh runtime" in stages(text)["runtime-base"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_final_entrypoint_is_engine_binary(case):
+    for rel, text in _dockerfiles(case).items():
+        engine = catalog.get(rel.split("/")[1])
+        final = list(stages(text).values())[-1]
+        entry = re.findall(r"^ENTRYPOINT (.+)$", final, flags=re.M)
+        assert entry and json.loads(entry[-1]) == engine.entrypoint
+        assert "nvidia_entrypoint" not in entry[-1]
+        assert re.findall(r"^CMD (.+)$", final, flags=re.M)[-1] == "[]"
+        assert re.search(r"^USER 10001$", final, flags=re.M), "runtime must not run as root"
+        assert "HEALTHCHECK" in final
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_arch_flags_are_exactly_the_configured_ones(case, configure):
+    config = configure(CASES[case])
+    for rel, text in _dockerfiles(case).items():
+        cmake_archs = re.findall(r"CMAKE_CUDA_ARCHITECTURES=(\S+)", text)
+        torch_archs = re.findall(r'TORCH_CUDA_ARCH_LIST="([^"]+)"', text)
+        engine = catalog.get(rel.split("/")[1])
+        gpu = engine.flavors[config.engine_settings(engine.name)["flavor"]].gpu
+        archs = [int(a) for a in config.hardware.archs]
+        if not gpu:
+            assert not cmake_archs and not torch_archs
+        elif engine.recipe == "cmake":
+            assert cmake_archs == ['"' + ";".join(f"{a}-real" for a in archs) + '"']
+        elif engine.recipe == "torch-source":
+            assert torch_archs == [" ".join(f"{a // 10}.{a % 10}" for a in archs)]
+        assert "native" not in text.lower().replace("ggml_native=off", "")
+
+
+def test_llama_cpp_build_flags_fight_the_oom(configure):
+    text = render_case("dual-v100-nvlink")["images/llama.cpp/Dockerfile"]
+    for flag in ("LLAMA_BUILD_UI=OFF", "LLAMA_USE_PREBUILT_UI=OFF", "GGML_CUDA_FA_ALL_QUANTS=OFF", "GGML_NATIVE=OFF",
+                 "GGML_CUDA_NCCL=ON"):
+        assert f"-D{flag}" in text
+    # jobs bounded by memory: 16 GiB / 4 GiB per job with 8 CPUs -> 4, used by the compile
+    assert "ARG BUILD_JOBS=4" in text
+    assert '-j"${BUILD_JOBS}"' in text
+
+
+def test_build_jobs_bounded_by_memory(configure):
+    assert configure({"build": {"cpus": 32, "memory_gib": 32}}).build_jobs() == 8
+    assert configure({"build": {"cpus": 2, "memory_gib": 64}}).build_jobs() == 2
+    assert configure({"build": {"cpus": 32, "memory_gib": 3}}).build_jobs() == 1
+    assert configure({"build": {"jobs": 6}}).build_jobs() == 6
+    assert configure({"build": {"cpus": 32, "memory_gib": 32, "memory_per_job_gib": 2}}).build_jobs() == 16
+
+
+def test_manifest_records_the_facts(configure):
+    manifest = json.loads(render_case("dual-v100-nvlink")["images/llama.cpp/kit/manifest.json"])
+    assert manifest["nccl_pin"] == "2.27.3" and manifest["nccl_builder"] == "@NCCL_BUILDER@"
+    assert manifest["archs"] == [70] and manifest["cuda"] == "12.9.1"
+    assert manifest["build_flags"]["CMAKE_CUDA_ARCHITECTURES"] == "70-real"
+
+
+def test_mirrors_and_ca_bundle(configure, tmp_path):
+    ca = tmp_path / "corp.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    config = configure({"mirrors": {"ca_bundle": str(ca), "registry": "mirror.example.cn/", "apt": "http://m.cn",
+                                    "pip_index": "https://p.cn/simple"}})
+    files = render.collect(config)
+    text = files["images/llama.cpp/Dockerfile"]
+    assert "ARG BUILDER_IMAGE=mirror.example.cn/nvidia/cuda:12.9.1-devel-ubuntu22.04" in text
+    assert text.count("COPY kit/ca.crt /etc/ssl/certs/kit-ca.crt") == 2
+    assert "ENV PIP_INDEX_URL=https://p.cn/simple" in text
+    assert "#http://m.cn#g" in text
+    assert files["images/llama.cpp/kit/ca.crt"] == ca
+
+
+def test_apt_nccl_package_matches_cuda_minor(configure):
+    text = render_case("vllm-dual-v100")["images/vllm/Dockerfile"]
+    assert "libnccl2=2.27.3-1+cuda12.6" in text and "nvidia/cuda:12.6.3-devel" in text
+    assert "torch==2.8.0" in text and "whl/cu126" in text
+
+
+def test_wheel_engine_installs_offline_from_wheelhouse():
+    text = render_case("ninfer-primary")["images/ninfer/Dockerfile"]
+    assert 'pip install --no-index --find-links /wheels "ninfer"' in text
+    assert json.loads(re.findall(r"^ENTRYPOINT (.+)$", text, flags=re.M)[-1]) == ["/opt/venv/bin/ninfer", "serve"]
+
+
+def test_render_is_atomic(configure, tmp_path):
+    out = tmp_path / "out"
+    render.render_stack(configure({}), out)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+
+    def boom(config):
+        raise RuntimeError("template exploded")
+
+    render.PRODUCERS.append(boom)
+    try:
+        with pytest.raises(RuntimeError):
+            render.render_stack(configure({"preset": "cpu"}), out)
+    finally:
+        render.PRODUCERS.remove(boom)
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"], "no temp folder left behind"

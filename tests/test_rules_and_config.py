@@ -1,0 +1,173 @@
+"""Every V100 rule and bad-input case, with its exact one-line error."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit import config as cfg
+from kit import rules
+from kit.errors import KitError
+from tests.conftest import make_config
+
+# rule id -> (config that breaks it, exact error line)
+RULE_CASES = {
+    "cuda13-drops-volta": (
+        {"cuda": {"version": "13.0.1"}},
+        "cuda.version: CUDA 13 cannot compile for sm_70 (got 13.0.1); use 12.9.1 or older",
+    ),
+    "vllm-cuda-drops-volta": (
+        {"stack": {"primary": "vllm"}, "engines": {"vllm": {"cuda": "12.9.1"}}},
+        "engines.vllm.cuda: vLLM built with CUDA 12.9.1 silently drops sm_70 (no kernel image at run time); "
+        "set engines.vllm.cuda: 12.6.3",
+    ),
+    "vllm-release-drops-volta": (
+        {"stack": {"primary": "vllm"}, "engines": {"vllm": {"ref": "v0.31.0"}}},
+        "engines.vllm.ref: vLLM v0.31.0 requires compute capability 7.5+, not sm_70; pin engines.vllm.ref: v0.11.0",
+    ),
+    "torch-variant-drops-volta": (
+        {"stack": {"primary": "vllm"}, "engines": {"vllm": {"torch_variant": "cu128"}}},
+        "engines.vllm.torch_variant: torch cu128 wheels no longer ship sm_70 kernels; "
+        "set engines.vllm.torch_variant: cu126",
+    ),
+    "no-bf16-before-ampere": (
+        {"model": {"dtype": "bfloat16"}},
+        "model.dtype: sm_70 (Volta) has no bf16; set model.dtype: float16 (vLLM --dtype half)",
+    ),
+    "arch-never-detected-in-build": (
+        {"hardware": {"archs": ["native"]}},
+        "hardware.archs: 'native' asks nvcc to detect the GPU, but no GPU is visible inside docker build; "
+        "list the archs, e.g. [70] for V100",
+    ),
+    "arch-known": (
+        {"hardware": {"archs": [71]}},
+        "hardware.archs: 71 is not a CUDA SM architecture; use numbers like 70 (V100), 75, 80, 86, 89, 90",
+    ),
+    "gpu-flavor-needs-archs": (
+        {"hardware": {"archs": []}},
+        "hardware.archs: a GPU engine needs at least one SM architecture; set hardware.archs: [70] (or use the cpu preset)",
+    ),
+    "tensor-split-per-gpu": (
+        {"engines": {"llama.cpp": {"tensor_split": [1, 1, 1]}}},
+        "engines.llama.cpp.tensor_split: has 3 ratios for 2 GPUs; give one ratio per GPU, e.g. [1, 1] for two",
+    ),
+    "device-ids-per-gpu": (
+        {"hardware": {"device_ids": ["0"]}},
+        'hardware.device_ids: has 1 ids for 2 GPUs; list one id per GPU, e.g. ["0", "1"]',
+    ),
+    "nccl-apt-needs-cuda-image": (
+        {"cuda": {"source": "wheels"}, "nccl": {"source": "apt"}},
+        "nccl.source: apt NCCL comes from NVIDIA's CUDA apt repo, which only the nvidia/cuda images have "
+        "(cuda.source is wheels); set nccl.source: pip",
+    ),
+    "cuda-wheels-are-cu12": (
+        {"cuda": {"source": "wheels", "version": "11.8.0"}, "nccl": {"source": "pip"}},
+        "cuda.version: CUDA 11.8.0 has no cu12 wheels on PyPI; use a 12.x version with cuda.source: wheels",
+    ),
+    "nccl-cu12-only-on-volta": (
+        {"nccl": {"version": "3.0.1"}},
+        "nccl.version: NCCL 3.0.1 is not a CUDA 12 release; pin a 2.x NCCL such as 2.27.3",
+    ),
+    "no-credentials-in-mirrors": (
+        {"mirrors": {"pip_index": "https://bob:secret@pypi.example.cn/simple"}},
+        "mirrors.pip_index: holds a user:password, which would be baked into an image layer; "
+        "use a mirror that needs no credentials, or configure auth on the build host",
+    ),
+    "cpu-flavor-without-gpus": (
+        {"hardware": {"gpus": 0, "device_ids": []}, "engines": {"llama.cpp": {"tensor_split": []}}},
+        "hardware.gpus: is 0 but llama.cpp uses its GPU flavor; "
+        "set engines.llama.cpp.flavor: cpu, or hardware.gpus to the GPU count",
+    ),
+}
+
+BAD_INPUT = {
+    "unknown key": ({"cuda": {"versoin": "12.9.1"}}, "cuda.versoin: unknown key; did you mean 'version'?"),
+    "unknown section": ({"hardwear": {}}, "hardwear: unknown key; did you mean 'hardware'?"),
+    "unknown engine key": (
+        {"engines": {"llama.cpp": {"spec_draft_max": 3}}},
+        "engines.llama.cpp.spec_draft_max: unknown key; did you mean 'spec_draft_n_max'?",
+    ),
+    "unknown engine": ({"stack": {"primary": "llamacpp"}}, "stack.primary: unknown engine 'llamacpp'; did you mean 'llama.cpp'?"),
+    "malformed cuda": ({"cuda": {"version": "12.x"}}, "cuda.version: '12.x' is not a version; write it like 12.9.1"),
+    "malformed nccl": ({"nccl": {"version": "2.27"}}, None),  # 2.27 is a valid two-part version
+    "malformed nccl text": ({"nccl": {"version": "latest"}}, "nccl.version: 'latest' is not a version; write it like 12.9.1"),
+    "bad literal": ({"hardware": {"interconnect": "infiniband"}},
+                    "hardware.interconnect: 'infiniband' is not allowed; use one of 'nvlink', 'pcie' or 'none'"),
+    "bad jobs": ({"build": {"jobs": "many"}}, "build.jobs: 'many' is not allowed; use a number or 'auto'"),
+    "bad setting type": ({"engines": {"llama.cpp": {"spec_draft_n_max": "three"}}},
+                         "engines.llama.cpp.spec_draft_n_max: 'three' has the wrong type; use a value like 3"),
+    "unknown preset": ({"preset": "dual-v100"}, None),
+    "fallback equals primary": ({"stack": {"fallback": "llama.cpp"}},
+                                "stack.fallback: is the same engine as stack.primary; pick another engine or remove it"),
+}
+
+
+def _error(data):
+    with pytest.raises(KitError) as info:
+        make_config(data)
+    return info.value.line()
+
+
+def test_every_rule_has_a_case():
+    assert sorted(RULE_CASES) == sorted(rule["id"] for rule in rules.table())
+
+
+@pytest.mark.parametrize("rule_id", sorted(RULE_CASES))
+def test_rule(rule_id):
+    data, expected = RULE_CASES[rule_id]
+    assert _error(data) == expected
+
+
+@pytest.mark.parametrize("rule", rules.table(), ids=lambda r: r["id"])
+def test_rule_has_source_and_fix(rule):
+    assert rule["source"] and rule["fix"] and rule["check"] in rules.CHECKS
+
+
+@pytest.mark.parametrize("name", sorted(BAD_INPUT))
+def test_bad_input(name):
+    data, expected = BAD_INPUT[name]
+    if expected is None and name == "malformed nccl":
+        make_config(data)  # accepted
+        return
+    line = _error(data)
+    if expected:
+        assert line == expected
+    else:
+        assert line.startswith("preset: unknown preset 'dual-v100'; did you mean 'dual-v100-")
+    assert "\n" not in line
+
+
+def test_defaults_are_the_seed_setup():
+    c = make_config({})
+    assert (c.hardware.gpus, c.hardware.memory_gib, c.hardware.archs, c.hardware.interconnect) == (2, 16, [70], "nvlink")
+    assert (c.cuda.version, c.nccl.version, c.stack.primary) == ("12.9.1", "2.27.3", "llama.cpp")
+    assert (c.model.ctx, c.model.size_gib, c.model.dtype) == (16384, 15.0, "float16")
+    llama = c.engine_settings("llama.cpp")
+    assert (llama["spec_type"], llama["spec_draft_n_max"]) == ("draft-mtp", 3)
+    assert c.build.push is False
+
+
+@pytest.mark.parametrize("preset", sorted(cfg.presets()))
+def test_presets_are_valid(preset):
+    c = make_config({"preset": preset})
+    assert c.engine_names()
+    assert len(c.hardware.device_ids) == c.hardware.gpus
+
+
+def test_ninfer_primary_is_the_seed_final_setup():
+    c = make_config({"preset": "ninfer-primary"})
+    assert (c.stack.primary, c.stack.fallback, c.stack.front_door) == ("ninfer", "llama.cpp", True)
+    s = c.engine_settings("ninfer")
+    assert s["quantization"] == "nf4"
+
+
+def test_nccl_is_one_field():
+    """There is no second NCCL field anywhere in the config model."""
+    def walk(model, prefix=""):
+        for key, field in model.model_fields.items():
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, cfg.BaseModel):
+                yield from walk(ann, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}"
+    nccl_fields = [f for f in walk(cfg.StackConfig) if "nccl" in f.lower() and f.endswith("version")]
+    assert nccl_fields == ["nccl.version"]
