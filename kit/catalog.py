@@ -78,6 +78,7 @@ class Engine(_Record):
     build: BuildInputs = Field(default_factory=BuildInputs)
     runtime: RuntimeInputs = Field(default_factory=RuntimeInputs)
     entrypoint: list[str]
+    version_cmd: list[str] = Field(default_factory=list)
     port: int
     health: str
     health_cmd: list[str]

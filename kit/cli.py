@@ -14,7 +14,7 @@ from kit import __version__
 from kit.errors import CheckFailed, KitError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Render, build, verify and deploy LLM engines for V100 boxes.")
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="Stack config (kit.yaml); default: the dual-V100 NVLink stack.")
@@ -96,6 +96,77 @@ def render(
     for rel in written:
         out.print(f"  {output / rel}")
     out.print(f"rendered {len(written)} files into {output}/")
+
+
+@app.command()
+def base(
+    suite: str = typer.Option("bookworm", help="Debian suite."),
+    tag: str = typer.Option("kit/base:bookworm", help="Image tag to create."),
+    mirror: str = typer.Option("", help="Debian mirror URL (default: the host's apt sources)."),
+    include: str = typer.Option("ca-certificates", help="Comma-separated extra packages."),
+) -> None:
+    """Make a Debian base image from Debian packages (mmdebstrap | docker import): no Docker Hub needed."""
+    from kit import base as base_image
+
+    with err.status(f"mmdebstrap {suite} -> {tag}"):
+        image_id = base_image.make_base(suite, tag, mirror, [p for p in include.split(",") if p])
+    out.print(f"{tag} {image_id}")
+
+
+@app.command()
+def build(
+    engines_: Optional[list[str]] = typer.Argument(None, metavar="[ENGINE]...", help="Default: the stack's engines."),
+    config_path: Optional[Path] = ConfigOpt,
+    source: Optional[Path] = typer.Option(None, "--source", help="Local engine source tree (or wheelhouse)."),
+    target: str = typer.Option("runtime", "--target", help="Stop at stage: toolchain, runtime-base, builder, runtime."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Build without the layer cache."),
+    push: bool = typer.Option(False, "--push", help="Push after building (never without this flag)."),
+    tag: Optional[str] = typer.Option(None, "--tag", help="Override the image tag."),
+    report: Path = typer.Option(Path("kit-build-report.json"), "--report", help="Where to write the JSON report."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every build output line."),
+) -> None:
+    """Build engine images with the Docker SDK; stream progress; write a JSON report."""
+    from kit import build as builder
+    from kit import rules
+
+    config = rules.load_valid(str(config_path) if config_path else None)
+    names = engines_ or config.engine_names()
+    results = []
+    for name in names:
+        result = builder.build_engine(config, name, source=source, target=target, no_cache=no_cache, push=push,
+                                      tag=tag, echo=lambda line: out.print(line, markup=False, highlight=False, soft_wrap=True),
+                                      verbose=verbose)
+        results.append(result)
+    builder.write_report(results, report)
+    table = Table("image", "id", "size", "time", "NCCL", "archs")
+    for r in results:
+        table.add_row(r.tag, r.image_id[7:19], f"{r.size_bytes / 2**20:.0f} MiB", f"{r.duration_s:.0f}s",
+                      r.nccl_pin or "-", ",".join(map(str, r.archs)) or "cpu")
+    out.print(table)
+    out.print(f"report: {report}")
+
+
+@app.command()
+def verify(
+    image: str = typer.Argument(..., help="Image to inspect, e.g. kit/llama-cpp:0c1e57098-cpu."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
+    only: Optional[list[str]] = typer.Option(None, "--check", help="Run only these checks (repeatable)."),
+) -> None:
+    """Named checks inside a throwaway container: NCCL, entrypoint, libs, CUDA archs, runs, user, health, secrets."""
+    from kit import verify as verifier
+
+    results = verifier.verify(image, only)
+    if as_json:
+        print(verifier.as_json(results))
+    else:
+        colors = {"ok": "green", "fail": "bold red", "skip": "yellow"}
+        table = Table("check", "result", "detail", title=f"kit verify {image}")
+        for r in results:
+            table.add_row(r.name, f"[{colors[r.status]}]{r.status}[/]", r.detail)
+        out.print(table)
+    failed = [r.name for r in results if r.status == "fail"]
+    if failed:
+        raise CheckFailed(f"{len(failed)} check(s) failed: {', '.join(failed)}")
 
 
 def main() -> None:

@@ -44,3 +44,82 @@ def nccl_versions(stage_text: str) -> set[str]:
     found |= set(re.findall(r"nvidia-nccl-cu12==([0-9.]+)", stage_text))
     found |= set(re.findall(r"nccl-check\.sh \w+ ([0-9.]+)", stage_text))
     return found
+
+
+# ------------------------------------------------------------------ Docker-backed fixtures
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tarfile  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures"
+CACHE = Path(os.environ.get("KIT_TEST_CACHE", Path.home() / ".cache" / "kit-tests"))
+BASE_TAG = "kit/base:bookworm"
+
+
+@pytest.fixture(scope="session")
+def docker_ready():
+    """A reachable daemon, or a skip; under KIT_REQUIRE_DOCKER=1 (CI) a missing daemon fails instead."""
+    from kit import dockerhost
+
+    if not dockerhost.available():
+        if os.environ.get("KIT_REQUIRE_DOCKER") == "1":
+            pytest.fail("KIT_REQUIRE_DOCKER=1 but no Docker daemon is reachable")
+        pytest.skip("no Docker daemon (CI starts one)")
+    return dockerhost.client()
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_ready):
+    """The Debian base made by `kit base` (reused when it already exists)."""
+    from docker.errors import ImageNotFound
+
+    from kit.base import make_base
+
+    try:
+        docker_ready.images.get(BASE_TAG)
+    except ImageNotFound:
+        make_base(tag=BASE_TAG)
+    return BASE_TAG
+
+
+@pytest.fixture(scope="session")
+def llama_source():
+    """Real llama.cpp source offline: the tree vendored in the llama-cpp-python sdist from PyPI."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tree = CACHE / "llama.cpp"
+    if (tree / "CMakeLists.txt").is_file():
+        return tree
+    sdists = sorted(CACHE.glob("llama_cpp_python-*.tar.gz"))
+    if not sdists:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        "llama-cpp-python==0.3.36", "-d", str(CACHE)], check=True, capture_output=True)
+        sdists = sorted(CACHE.glob("llama_cpp_python-*.tar.gz"))
+    with tarfile.open(sdists[-1]) as tar:
+        prefix = tar.getnames()[0].split("/")[0] + "/vendor/llama.cpp/"
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+        for m in members:
+            m.name = m.name[len(prefix):]
+        tar.extractall(tree, members=[m for m in members if m.name], filter="data")
+    return tree
+
+
+@pytest.fixture(scope="session")
+def cpu_image(base_image, llama_source):
+    """The llama.cpp cpu flavor built from real source (minutes on 2 cores; cached layers afterwards)."""
+    from kit import build, config as cfg, rules
+
+    config = cfg.load(FIXTURES / "cpu-ci.yaml")
+    rules.validate(config)
+    result = build.build_engine(config, "llama.cpp", source=llama_source)
+    return result
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    from tests.ggufmodels import write_tiny_llama
+
+    folder = tmp_path_factory.mktemp("models")
+    write_tiny_llama(folder / "model.gguf")
+    folder.chmod(0o755)
+    return folder / "model.gguf"

@@ -1,0 +1,176 @@
+"""``kit build``: assemble a build context, build with the Docker SDK, tag, report; push only when asked.
+
+The context is a temp folder holding the rendered Dockerfile and its ``kit/`` files, the engine source (``src/``:
+``--source DIR`` or a clone of the pinned ref) or the wheelhouse (``wheels/``) and the CA bundle if configured.
+The Dockerfile never downloads engine source itself, so a build from a local tree works offline.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from kit import catalog, dockerfile, dockerhost, render
+from kit.config import StackConfig
+from kit.errors import CheckFailed, KitError
+
+STAGES = ("toolchain", "runtime-base", "builder", "runtime")
+
+
+def _skip_source(root: Path):
+    """Leave VCS data, earlier build trees (top level only) and model files out of the context."""
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        skipped = {n for n in names if n in (".git", "__pycache__", "node_modules") or n.endswith(".gguf")}
+        if Path(folder) == root:
+            skipped |= {n for n in names if (n == "build" or n.startswith("build-")) and (root / n).is_dir()}
+        return skipped
+
+    return ignore
+
+
+@dataclass
+class BuildResult:
+    engine: str
+    tag: str
+    target: str
+    image_id: str
+    duration_s: float
+    size_bytes: int
+    nccl_pin: str | None
+    archs: list[int]
+    jobs: int
+    pushed: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def assemble_context(config: StackConfig, name: str, dest: Path, source: Path | None, target: str) -> None:
+    """Write everything the Docker build needs into ``dest``."""
+    engine = catalog.get(name)
+    render.write_tree(dest, dockerfile.render_files(config, name))
+    needs_code = STAGES.index(target) >= STAGES.index("builder")
+    settings = config.engine_settings(name)
+    if engine.recipe == "wheel":
+        wheelhouse = Path(source or settings.get("wheelhouse", ""))
+        if needs_code and not wheelhouse.is_dir():
+            raise KitError(f"engines.{name}.wheelhouse", f"{wheelhouse} is not a folder of wheels",
+                           "put the engine's .whl files there or pass --source DIR")
+        if wheelhouse.is_dir():
+            shutil.copytree(wheelhouse, dest / "wheels")
+        else:
+            (dest / "wheels").mkdir()
+        return
+    if source is not None:
+        if not source.is_dir():
+            raise KitError("--source", f"{source} is not a folder", "point it at an engine source tree")
+        shutil.copytree(source, dest / "src", ignore=_skip_source(source), symlinks=True)
+    elif needs_code:
+        clone(engine.source.git, str(settings.get("ref") or engine.source.ref), dest / "src")
+    else:
+        (dest / "src").mkdir()
+
+
+def clone(url: str, ref: str, dest: Path) -> None:
+    if not url:
+        raise KitError("--source", "this engine has no git source", "pass --source DIR")
+    steps = [["git", "clone", "--quiet", "--filter=blob:none", url, str(dest)],
+             ["git", "-C", str(dest), "checkout", "--quiet", ref]]
+    for cmd in steps:
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise KitError("--source", f"cannot fetch {url}@{ref}: {result.stderr.strip()[-200:]}",
+                           "pass --source DIR with a local checkout")
+
+
+class Progress:
+    """Turns the daemon's JSON stream into step lines, elapsed time, and a tail kept for failures."""
+
+    STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")
+
+    def __init__(self, echo: Callable[[str], None], verbose: bool = False) -> None:
+        self.echo, self.verbose = echo, verbose
+        self.step = ""
+        self.tail: deque[str] = deque(maxlen=25)
+        self.start = time.monotonic()
+
+    def feed(self, chunk: dict) -> None:
+        if "error" in chunk:
+            detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]
+            raise CheckFailed(self.failure(detail))
+        text = chunk.get("stream", "")
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            match = self.STEP.match(line)
+            if match:
+                self.step = line
+                elapsed = time.monotonic() - self.start
+                self.echo(f"[{elapsed:6.0f}s] {' '.join(line.split())[:150]}")
+            else:
+                self.tail.append(line.rstrip())
+                if self.verbose:
+                    self.echo(f"         {line.rstrip()[:200]}")
+
+    def failure(self, detail: str) -> str:
+        lines = "\n".join(f"    {l}" for l in self.tail)
+        return f"build failed at {self.step or 'the start'}\n  {detail.strip()}\n  last output:\n{lines}"
+
+
+def build_engine(config: StackConfig, name: str, *, source: Path | None = None, target: str = "runtime",
+                 no_cache: bool = False, push: bool = False, tag: str | None = None,
+                 echo: Callable[[str], None] = print, verbose: bool = False) -> BuildResult:
+    if target not in STAGES:
+        raise KitError("--target", f"unknown stage {target!r}", f"use one of {', '.join(STAGES)}")
+    base_tag = tag or dockerfile.image_tag(config, name)
+    full_tag = base_tag if target == "runtime" or tag else f"{base_tag}-{target}"
+    jobs = config.build_jobs()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kit-build-") as tmp:
+        ctx = Path(tmp) / "context"
+        assemble_context(config, name, ctx, source, target)
+        echo(f"building {full_tag} (target {target}, {jobs} compile jobs)")
+        run_build(ctx, full_tag, target=target, no_cache=no_cache, jobs=jobs, echo=echo, verbose=verbose)
+    image = dockerhost.client().images.get(full_tag)
+    facts = dockerfile.context(config, name, ca_bundle=False)
+    result = BuildResult(
+        engine=name, tag=full_tag, target=target, image_id=image.id, duration_s=round(time.monotonic() - started, 1),
+        size_bytes=int(image.attrs.get("Size", 0)), nccl_pin=facts["nccl"]["version"] if facts["nccl"] else None,
+        archs=facts["archs"]["list"], jobs=jobs, labels=dict(image.labels or {}),
+    )
+    if push or config.build.push:
+        push_image(full_tag, echo)
+        result.pushed = True
+    else:
+        echo(f"built {full_tag}; not pushed (pass --push to push)")
+    return result
+
+
+def run_build(ctx: Path, tag: str, *, target: str | None = None, no_cache: bool = False, jobs: int = 1,
+              echo: Callable[[str], None] = print, verbose: bool = False) -> None:
+    """Build ``ctx`` with the legacy builder through the SDK; a failed step raises CheckFailed with its last lines."""
+    progress = Progress(echo, verbose)
+    stream = dockerhost.client().api.build(path=str(ctx), tag=tag, target=target, nocache=no_cache, rm=True,
+                                           forcerm=True, decode=True, buildargs={"BUILD_JOBS": str(jobs)})
+    for chunk in stream:
+        progress.feed(chunk)
+
+
+def push_image(tag: str, echo: Callable[[str], None]) -> None:
+    repository, _, version = tag.rpartition(":")
+    for chunk in dockerhost.client().api.push(repository, tag=version, stream=True, decode=True):
+        if "error" in chunk:
+            raise CheckFailed(f"push of {tag} failed: {chunk['error']} (log in with `docker login`, or build without --push)")
+    echo(f"pushed {tag}")
+
+
+def write_report(results: list[BuildResult], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n", encoding="utf-8")

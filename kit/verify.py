@@ -1,0 +1,295 @@
+"""``kit verify IMAGE``: prove an image keeps kit's promises, from the inside.
+
+A throwaway container (entrypoint overridden to sleep) is inspected with pytest-testinfra's docker backend. Each
+check is ok / fail / skip with a reason. The facts to compare against come from the image's own
+``/opt/kit/manifest.json``, written during the build.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shlex
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kit import catalog, dockerhost, fatbin
+from kit.errors import KitError
+
+MANIFEST = "/opt/kit/manifest.json"
+# Provided by the NVIDIA driver on the host through the container toolkit, never inside an image.
+HOST_DRIVER_LIBS = {"libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1"}
+NVIDIA_ENTRYPOINT = "nvidia_entrypoint.sh"
+SECRET_PATTERNS = [
+    re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"),
+    re.compile(r"\bhf_[A-Za-z0-9]{20,}"),
+    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"),
+    re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    re.compile(r"(?i)\b(api[_-]?key|token|secret|passw(or)?d)\b\s*[=:]\s*['\"]?[^\s'\"$]{8,}"),
+]
+SECRET_ENV_NAME = re.compile(r"(?i)(API_?KEY|TOKEN|SECRET|PASSWORD)$")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | fail | skip
+    detail: str
+
+
+class Inspection:
+    """One throwaway container plus the image's metadata and manifest."""
+
+    def __init__(self, image: str) -> None:
+        import testinfra
+        from docker.errors import ImageNotFound
+
+        client = dockerhost.client()
+        try:
+            self.image = client.images.get(image)
+        except ImageNotFound:
+            raise KitError("IMAGE", f"no image {image!r} on this Docker daemon", "build it with `kit build`") from None
+        self.name = image
+        self.config: dict[str, Any] = self.image.attrs.get("Config") or {}
+        self.container = client.containers.run(self.image.id, entrypoint=["sleep", "3600"], command=[], detach=True,
+                                               network_disabled=True, labels={"io.kit.verify": "1"})
+        self.host = testinfra.get_host(f"docker://{self.container.id}")
+        self.manifest: dict[str, Any] | None = None
+        if self.host.file(MANIFEST).exists:
+            self.manifest = json.loads(self.host.file(MANIFEST).content_string)
+
+    def close(self) -> None:
+        self.container.remove(force=True)
+
+    def copy_out(self, path: str, dest: Path) -> Path:
+        stream, _ = self.container.get_archive(path)
+        data = io.BytesIO(b"".join(stream))
+        with tarfile.open(fileobj=data) as tar:
+            member = tar.getmembers()[0]
+            handle = tar.extractfile(member)
+            target = dest / Path(path).name
+            target.write_bytes(handle.read() if handle else b"")
+        return target
+
+
+CHECKS: list[tuple[str, Callable[[Inspection], tuple[str, str]]]] = []
+
+
+def check(name: str):
+    def register(fn: Callable[[Inspection], tuple[str, str]]):
+        CHECKS.append((name, fn))
+        return fn
+
+    return register
+
+
+def _need_manifest(ins: Inspection) -> dict[str, Any]:
+    if ins.manifest is None:
+        raise _Skip(f"no {MANIFEST} (not built by kit)")
+    return ins.manifest
+
+
+class _Skip(Exception):
+    pass
+
+
+def loaded_nccl(ins: Inspection) -> str:
+    """The NCCL the runtime loader resolves, via ncclGetVersion (no GPU needed)."""
+    probe = ins.host.run("kit-nccl-version")
+    if probe.rc == 0:
+        return probe.stdout.strip()
+    script = ("import ctypes; v = ctypes.c_int(); ctypes.CDLL('libnccl.so.2').ncclGetVersion(ctypes.byref(v)); "
+              "c = v.value; M = c // 10000 if c >= 10000 else c // 1000; r = c % 10000 if c >= 10000 else c % 1000; "
+              "print(f'{M}.{r // 100}.{r % 100}')")
+    py = ins.host.run(f"python3 -c {shlex.quote(script)}")
+    if py.rc == 0:
+        return py.stdout.strip()
+    raise RuntimeError((probe.stderr or py.stderr).strip() or "libnccl.so.2 cannot be loaded")
+
+
+@check("nccl-runtime")
+def nccl_runtime(ins: Inspection) -> tuple[str, str]:
+    pin = _need_manifest(ins).get("nccl_pin")
+    if not pin:
+        return "skip", "no NCCL in this flavor"
+    try:
+        seen = loaded_nccl(ins)
+    except RuntimeError as exc:
+        return "fail", f"libnccl.so.2 does not load: {exc} (manifest pins {pin})"
+    if seen != pin:
+        return "fail", f"the runtime loader resolves NCCL {seen}, but the image was built for NCCL {pin}"
+    return "ok", f"loader resolves NCCL {seen} = pin {pin}"
+
+
+@check("nccl-builder")
+def nccl_builder(ins: Inspection) -> tuple[str, str]:
+    manifest = _need_manifest(ins)
+    pin, built = manifest.get("nccl_pin"), manifest.get("nccl_builder")
+    if not pin:
+        return "skip", "no NCCL in this flavor"
+    if not built or str(built).startswith("@"):
+        return "fail", "the build did not record the builder's NCCL"
+    if built != pin:
+        return "fail", f"the builder compiled against NCCL {built}, but the pin is {pin}"
+    return "ok", f"builder saw NCCL {built} = pin {pin}"
+
+
+@check("entrypoint")
+def entrypoint(ins: Inspection) -> tuple[str, str]:
+    entry = ins.config.get("Entrypoint")
+    if not entry:
+        return "fail", "no ENTRYPOINT: the base image's (or a shell) decides what runs"
+    if not isinstance(entry, list) or len(entry) == 3 and entry[:2] == ["/bin/sh", "-c"]:
+        return "fail", f"shell-form ENTRYPOINT {entry}: use exec form with the engine binary"
+    if any(NVIDIA_ENTRYPOINT in part for part in entry):
+        return "fail", f"ENTRYPOINT is {entry[0]}: a compose command starting with a flag gets eaten; use the engine binary"
+    expected = (ins.manifest or {}).get("entrypoint")
+    if expected and entry != expected:
+        return "fail", f"ENTRYPOINT {entry} is not the engine's {expected}"
+    binary = ins.host.file(entry[0])
+    if not binary.exists or not binary.mode & 0o111:
+        return "fail", f"{entry[0]} is missing or not executable"
+    return "ok", f"exec form {json.dumps(entry)}"
+
+
+def engine_files(ins: Inspection) -> list[str]:
+    entry = ins.config.get("Entrypoint") or []
+    if not entry:
+        return []
+    folder = str(Path(entry[0]).parent)
+    found = ins.host.run(f"find {shlex.quote(folder)} -maxdepth 1 -type f \\( -perm -u+x -o -name '*.so*' \\)")
+    files = [line for line in found.stdout.splitlines() if line]
+    if entry[0] not in files:
+        files.insert(0, entry[0])
+    return files
+
+
+@check("libs")
+def libs(ins: Inspection) -> tuple[str, str]:
+    files = [f for f in engine_files(ins) if ins.host.run(f"head -c 4 {shlex.quote(f)} | grep -q ELF").rc == 0]
+    if not files:
+        return "skip", "no ELF files next to the entrypoint (a Python engine)"
+    missing: dict[str, set[str]] = {}
+    driver: set[str] = set()
+    for path in files:
+        out = ins.host.run(f"ldd {shlex.quote(path)}").stdout
+        for lib in re.findall(r"^\s*(\S+) => not found", out, flags=re.M):
+            (driver.add(lib) if lib in HOST_DRIVER_LIBS else missing.setdefault(lib, set()).add(Path(path).name))
+    if missing:
+        worst = ", ".join(f"{lib} (needed by {', '.join(sorted(by))})" for lib, by in sorted(missing.items()))
+        return "fail", f"unresolved: {worst}"
+    note = f"; from the host driver: {', '.join(sorted(driver))}" if driver else ""
+    return "ok", f"{len(files)} ELF files resolve{note}"
+
+
+@check("cuda-arch")
+def cuda_arch(ins: Inspection) -> tuple[str, str]:
+    manifest = _need_manifest(ins)
+    expected = sorted(int(a) for a in manifest.get("archs") or [])
+    if not expected:
+        return "skip", "cpu flavor: no device code"
+    files = engine_files(ins)
+    found: dict[str, dict[str, list[int]]] = {}
+    if not files:
+        # python engines: every extension module under the prefix
+        listing = ins.host.run("find /opt/venv -name '*.so' -size +100k 2>/dev/null | head -200")
+        files = listing.stdout.split()
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in files:
+            local = ins.copy_out(path, Path(tmp))
+            try:
+                archs = fatbin.archs(local)
+            except fatbin.FatbinError:
+                continue
+            finally:
+                local.unlink(missing_ok=True)
+            if archs["sass"] or archs["ptx"]:
+                found[Path(path).name] = archs
+    if not found:
+        return "fail", f"no CUDA device code found; expected sm_{expected}"
+    wrong = {name: a["sass"] for name, a in found.items() if a["sass"] != expected}
+    if wrong:
+        detail = ", ".join(f"{name}: sm {sass or 'none (PTX only)'}" for name, sass in sorted(wrong.items()))
+        return "fail", f"expected real code for exactly sm {expected}; {detail}"
+    return "ok", f"{len(found)} files carry real code for sm {expected} only"
+
+
+@check("runs")
+def runs(ins: Inspection) -> tuple[str, str]:
+    entry = ins.config.get("Entrypoint") or []
+    manifest = ins.manifest or {}
+    cmd: list[str] = []
+    if manifest.get("engine") in catalog.all_engines():
+        cmd = catalog.get(manifest["engine"]).version_cmd
+    cmd = cmd or ([entry[0], "--version"] if entry else [])
+    if not cmd:
+        return "fail", "nothing to run"
+    result = ins.host.run("timeout 60 " + " ".join(shlex.quote(c) for c in cmd))
+    text = (result.stdout + result.stderr).strip()
+    if result.rc != 0 or not text:
+        return "fail", f"`{' '.join(cmd)}` exited {result.rc}: {text[-200:]}"
+    return "ok", f"`{' '.join(cmd)}`: {text.splitlines()[0][:100]}"
+
+
+@check("user")
+def user(ins: Inspection) -> tuple[str, str]:
+    value = (ins.config.get("User") or "").split(":")[0]
+    if value in ("", "0", "root"):
+        return "fail", "runs as root; add a USER"
+    return "ok", f"runs as {value}"
+
+
+@check("healthcheck")
+def healthcheck(ins: Inspection) -> tuple[str, str]:
+    test = (ins.config.get("Healthcheck") or {}).get("Test") or []
+    if not test or test[0] == "NONE":
+        return "fail", "no HEALTHCHECK"
+    return "ok", " ".join(test[1:])[:100]
+
+
+@check("secrets")
+def secrets(ins: Inspection) -> tuple[str, str]:
+    hits: list[str] = []
+    for item in ins.config.get("Env") or []:
+        key, _, value = item.partition("=")
+        if value and SECRET_ENV_NAME.search(key):
+            hits.append(f"env {key}")
+        elif any(p.search(item) for p in SECRET_PATTERNS):
+            hits.append(f"env {key}")
+    for key, value in (ins.config.get("Labels") or {}).items():
+        if any(p.search(f"{key}={value}") for p in SECRET_PATTERNS):
+            hits.append(f"label {key}")
+    for layer in ins.image.history():
+        created = layer.get("CreatedBy") or ""
+        if any(p.search(created) for p in SECRET_PATTERNS):
+            hits.append(f"history: {created.strip()[:80]}")
+    if hits:
+        return "fail", "key-like values in " + "; ".join(hits[:5])
+    return "ok", "no key-like values in env, labels or history"
+
+
+def verify(image: str, only: list[str] | None = None) -> list[Check]:
+    ins = Inspection(image)
+    results: list[Check] = []
+    try:
+        for name, fn in CHECKS:
+            if only and name not in only:
+                continue
+            try:
+                status, detail = fn(ins)
+            except _Skip as skip:
+                status, detail = "skip", str(skip)
+            results.append(Check(name, status, detail))
+    finally:
+        ins.close()
+    return results
+
+
+def as_json(results: list[Check]) -> str:
+    return json.dumps([asdict(r) for r in results], indent=2)

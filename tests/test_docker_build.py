@@ -1,0 +1,163 @@
+"""Real builds and real inspection (needs Docker; CI runs these with KIT_REQUIRE_DOCKER=1)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from kit import build, config as cfg, dockerfile, rules, verify
+from kit.errors import CheckFailed
+from tests.conftest import FIXTURES, stages
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+def by_name(results):
+    return {r.name: r for r in results}
+
+
+def test_cpu_image_verifies(cpu_image):
+    results = by_name(verify.verify(cpu_image.tag))
+    for name in ("entrypoint", "libs", "runs", "user", "healthcheck", "secrets"):
+        assert results[name].status == "ok", (name, results[name].detail)
+    for name in ("nccl-runtime", "nccl-builder", "cuda-arch"):
+        assert results[name].status == "skip", (name, results[name].detail)
+    assert cpu_image.labels["io.kit.engine"] == "llama.cpp"
+    assert cpu_image.size_bytes > 0 and cpu_image.nccl_pin is None
+
+
+def test_cpu_image_serves_tiny_gguf(cpu_image, tiny_gguf, docker_ready):
+    from kit import serving
+
+    config = cfg.load(FIXTURES / "cpu-ci.yaml")
+    argv = serving.command(config, "llama.cpp")
+    container = docker_ready.containers.run(
+        cpu_image.tag, command=argv, detach=True, ports={"8080/tcp": ("127.0.0.1", None)},
+        volumes={str(tiny_gguf.parent): {"bind": "/models", "mode": "ro"}},
+    )
+    try:
+        container.reload()
+        port = container.attrs["NetworkSettings"]["Ports"]["8080/tcp"][0]["HostPort"]
+        url = f"http://127.0.0.1:{port}"
+        deadline, status = time.monotonic() + 120, None
+        while time.monotonic() < deadline:
+            try:
+                status = requests.get(f"{url}/health", timeout=2).status_code
+                if status == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            container.reload()
+            assert container.status == "running", container.logs()[-2000:].decode()
+            time.sleep(1)
+        assert status == 200, container.logs()[-2000:].decode()
+        reply = requests.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0})
+        body = reply.json()
+        assert reply.status_code == 200, body
+        assert body["usage"]["completion_tokens"] > 0
+    finally:
+        container.remove(force=True)
+
+
+@pytest.fixture(scope="session")
+def cuda_stage_images(base_image):
+    """The cuda flavor's toolchain and runtime-base stages (CUDA + NCCL from PyPI wheels), no compile."""
+    config = cfg.load(FIXTURES / "cuda-wheels-ci.yaml")
+    rules.validate(config)
+    toolchain = build.build_engine(config, "llama.cpp", target="toolchain")
+    runtime_base = build.build_engine(config, "llama.cpp", target="runtime-base")
+    return config, toolchain, runtime_base
+
+
+def _nccl_in(image: str, client) -> str:
+    return client.containers.run(image, entrypoint=["kit-nccl-version"], command=[], remove=True).decode().strip()
+
+
+def test_cuda_stages_carry_the_pinned_nccl(cuda_stage_images, docker_ready):
+    config, toolchain, runtime_base = cuda_stage_images
+    assert _nccl_in(toolchain.tag, docker_ready) == config.nccl.version == "2.27.3"
+    assert _nccl_in(runtime_base.tag, docker_ready) == config.nccl.version
+    recorded = docker_ready.containers.run(runtime_base.tag, entrypoint=["cat", "/opt/kit/nccl-builder.txt"],
+                                           command=[], remove=True).decode().strip()
+    assert recorded == "2.27.3"
+
+
+def test_runtime_nccl_mismatch_fails_the_build(cuda_stage_images, tmp_path):
+    """The seed's bug: the runtime stage gets NCCL 2.32.3 while the builder has 2.27.3."""
+    config, _, _ = cuda_stage_images
+    ctx = tmp_path / "ctx"
+    build.assemble_context(config, "llama.cpp", ctx, None, "runtime-base")
+    text = (ctx / "Dockerfile").read_text()
+    runtime = stages(text)["runtime-base"]
+    poisoned = runtime.replace('"nvidia-nccl-cu12==2.27.3"', '"nvidia-nccl-cu12==2.32.3"')
+    assert poisoned != runtime
+    (ctx / "Dockerfile").write_text(text.replace(runtime, poisoned))
+    with pytest.raises(CheckFailed) as failure:
+        build.run_build(ctx, "kit/test:nccl-mismatch", target="runtime-base")
+    message = str(failure.value)
+    assert "nccl-check.sh runtime" in message
+    assert re.search(r"NCCL mismatch in the runtime stage: the loader resolves NCCL 2\.32\.3 but nccl\.version pins 2\.27\.3",
+                     message), message
+
+
+def test_verify_catches_mismatch_made_without_the_check(cuda_stage_images, docker_ready, tmp_path):
+    config, _, runtime_base = cuda_stage_images
+    manifest = dockerfile.context(config, "llama.cpp", ca_bundle=False)["manifest"]
+    manifest["nccl_builder"] = "2.27.3"
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {runtime_base.tag}\n"
+        'RUN python3 -m pip install --no-deps --target /opt/other "nvidia-nccl-cu12==2.32.3" \\\n'
+        " && echo /opt/other/nvidia/nccl/lib > /etc/ld.so.conf.d/000-aaa-other.conf && ldconfig\n"
+        "COPY manifest.json /opt/kit/manifest.json\n"
+    )
+    build.run_build(tmp_path, "kit/test:nccl-unchecked")
+    results = by_name(verify.verify("kit/test:nccl-unchecked", only=["nccl-runtime", "nccl-builder"]))
+    assert results["nccl-runtime"].status == "fail"
+    assert "2.32.3" in results["nccl-runtime"].detail and "2.27.3" in results["nccl-runtime"].detail
+    assert results["nccl-builder"].status == "ok"
+
+
+@pytest.fixture(scope="session")
+def nvidia_entrypoint_image(base_image, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("nvidia-entrypoint")
+    (folder / "Dockerfile").write_text(
+        f"FROM {base_image}\n"
+        "RUN mkdir -p /opt/nvidia && printf '#!/bin/sh\\nexec \"$@\"\\n' > /opt/nvidia/nvidia_entrypoint.sh"
+        " && chmod +x /opt/nvidia/nvidia_entrypoint.sh\n"
+        'ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh"]\n'
+    )
+    build.run_build(folder, "kit/test:nvidia-entrypoint")
+    return "kit/test:nvidia-entrypoint"
+
+
+def test_verify_catches_the_nvidia_entrypoint(nvidia_entrypoint_image):
+    results = by_name(verify.verify(nvidia_entrypoint_image))
+    assert results["entrypoint"].status == "fail"
+    assert "nvidia_entrypoint.sh" in results["entrypoint"].detail
+    assert results["user"].status == "fail" and results["healthcheck"].status == "fail"
+
+
+def test_verify_catches_secrets(base_image, tmp_path):
+    (tmp_path / "Dockerfile").write_text(f"FROM {base_image}\nENV OPENAI_API_KEY=sk-abcdefghijklmnopqrstuvwx\n")
+    build.run_build(tmp_path, "kit/test:secret")
+    results = by_name(verify.verify("kit/test:secret", only=["secrets"]))
+    assert results["secrets"].status == "fail" and "OPENAI_API_KEY" in results["secrets"].detail
+
+
+def test_verify_cli_json_and_exit_code(cpu_image, nvidia_entrypoint_image):
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-m", "kit", "verify", cpu_image.tag, "--json"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert {r["name"] for r in json.loads(ok.stdout)} >= {"nccl-runtime", "entrypoint", "libs", "cuda-arch"}
+    bad = subprocess.run([sys.executable, "-m", "kit", "verify", nvidia_entrypoint_image], capture_output=True,
+                         text=True)
+    assert bad.returncode == 1 and "entrypoint" in bad.stderr
