@@ -171,6 +171,25 @@ def push_image(tag: str, echo: Callable[[str], None]) -> None:
     echo(f"pushed {tag}")
 
 
+def build_front_door(config: StackConfig, *, no_cache: bool = False, echo: Callable[[str], None] = print) -> BuildResult:
+    """The nginx front door (only when the stack has one)."""
+    from kit import compose
+    from kit.services import front_door_image
+
+    started = time.monotonic()
+    tag = front_door_image(config)
+    with tempfile.TemporaryDirectory(prefix="kit-build-") as tmp:
+        ctx = Path(tmp) / "context"
+        files = {rel.removeprefix("images/front-door/"): content for rel, content in compose.files(config).items()
+                 if rel.startswith("images/front-door/")}
+        render.write_tree(ctx, files)
+        echo(f"building {tag}")
+        run_build(ctx, tag, no_cache=no_cache, echo=echo)
+    image = dockerhost.client().images.get(tag)
+    return BuildResult("front-door", tag, "runtime", image.id, round(time.monotonic() - started, 1),
+                       int(image.attrs.get("Size", 0)), None, [], 1)
+
+
 def write_report(results: list[BuildResult], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n", encoding="utf-8")

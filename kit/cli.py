@@ -137,6 +137,11 @@ def build(
                                       tag=tag, echo=lambda line: out.print(line, markup=False, highlight=False, soft_wrap=True),
                                       verbose=verbose)
         results.append(result)
+    from kit.services import FRONT_DOOR, services
+
+    if not engines_ and target == "runtime" and any(s.role == FRONT_DOOR for s in services(config)):
+        results.append(builder.build_front_door(config, no_cache=no_cache,
+                                                echo=lambda line: out.print(line, markup=False, soft_wrap=True)))
     builder.write_report(results, report)
     table = Table("image", "id", "size", "time", "NCCL", "archs")
     for r in results:
@@ -167,6 +172,74 @@ def verify(
     failed = [r.name for r in results if r.status == "fail"]
     if failed:
         raise CheckFailed(f"{len(failed)} check(s) failed: {', '.join(failed)}")
+
+
+OutOpt = typer.Option(Path("out"), "--output", "-o", help="Rendered stack folder.")
+
+
+@app.command()
+def deploy(
+    config_path: Optional[Path] = ConfigOpt,
+    output: Path = OutOpt,
+    timeout: Optional[float] = typer.Option(None, help="Seconds to wait for health (default from model size)."),
+) -> None:
+    """Render, compose up, wait until healthy, send one chat completion, print the endpoint."""
+    from kit import deploy as deployer
+    from kit import rules
+
+    config = rules.load_valid(str(config_path) if config_path else None)
+    url = deployer.deploy(config, output, timeout, echo=lambda line: out.print(line, markup=False, soft_wrap=True))
+    out.print(f"[bold green]ready[/]: {url}/v1 (API key in {output / '.env'})")
+
+
+@app.command()
+def status(config_path: Optional[Path] = ConfigOpt) -> None:
+    """The stack's containers and their health."""
+    from kit import deploy as deployer
+    from kit import rules
+
+    config = rules.load_valid(str(config_path) if config_path else None)
+    rows = deployer.status(config)
+    table = Table("service", "role", "state", "container", "image")
+    for r in rows:
+        table.add_row(r["service"], r["role"], r["state"], r["container"], r["image"])
+    out.print(table if rows else "no containers (run `kit deploy`)")
+
+
+@app.command()
+def logs(
+    output: Path = OutOpt,
+    check: bool = typer.Option(False, "--check", help="Scan for known silent failures; exit 1 with advice."),
+    tail: int = typer.Option(2000, help="Lines per service."),
+) -> None:
+    """Engine logs; --check finds NCCL fallbacks, missing kernels, bf16 and OOM errors."""
+    from kit import deploy as deployer
+
+    text = deployer.logs(output, tail)
+    if not check:
+        print(text, end="")
+        return
+    from kit import logscan
+
+    findings = logscan.scan(text)
+    for f in findings:
+        out.print(f"[bold red]{f.name}[/]: {f.line}", soft_wrap=True)
+        out.print(f"  fix: {f.advice}", soft_wrap=True)
+    if findings:
+        raise CheckFailed(f"{len(findings)} known problem(s) in the logs")
+    out.print("logs clean: no known silent failures")
+
+
+@app.command()
+def down(
+    output: Path = OutOpt,
+    volumes: bool = typer.Option(False, "--volumes", help="Also delete named volumes (never the model folder)."),
+) -> None:
+    """Stop and remove the stack's containers. The model folder is never touched."""
+    from kit import deploy as deployer
+
+    deployer.down(output, volumes)
+    out.print("stack down" + (" (volumes removed)" if volumes else "; volumes and models kept"))
 
 
 def main() -> None:

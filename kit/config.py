@@ -37,7 +37,9 @@ def _version(value: Any) -> str:
 class Stack(Section):
     name: str = Field("v100", description="Compose project name and prefix for containers.")
     primary: str = Field("llama.cpp", description="The engine that serves requests (a name from `kit engines`).")
-    fallback: str | None = Field(None, description="A second engine that answers when the primary is down.")
+    fallback: str | None = Field(
+        None, description="A second engine that answers when the primary is down (may be a second copy of the primary)."
+    )
     front_door: bool = Field(False, description="Put an nginx proxy in front: primary first, fallback as backup.")
 
 
@@ -252,8 +254,6 @@ def _check_engines(config: StackConfig) -> None:
     for field, name in (("stack.primary", config.stack.primary), ("stack.fallback", config.stack.fallback)):
         if name is not None and name not in known:
             raise KitError(field, f"unknown engine {name!r}", did_you_mean(name, known))
-    if config.stack.fallback and config.stack.fallback == config.stack.primary:
-        raise KitError("stack.fallback", "is the same engine as stack.primary", "pick another engine or remove it")
     for name, overrides in config.engines.items():
         if name not in known:
             raise KitError(f"engines.{name}", "unknown engine", did_you_mean(name, known))

@@ -31,11 +31,15 @@ def image_files(config: StackConfig) -> Files:
     return files
 
 
-def collect(config: StackConfig) -> Files:
+def collect(config: StackConfig, out_dir: Path | None = None) -> Files:
+    """Everything ``kit render`` writes; ``out_dir`` (the previous output) lets .env keep its API key."""
+    from kit import compose
+
     ca = config.mirrors.ca_bundle
     if ca and not Path(ca).is_file():
         raise KitError("mirrors.ca_bundle", f"{ca} is not a file", "point it at a PEM bundle on this host")
     files = image_files(config)
+    files.update(compose.files(config, out_dir))
     for produce in PRODUCERS:
         files.update(produce(config))
     return files
@@ -73,6 +77,6 @@ def write_tree(target: Path, files: Files) -> None:
 
 
 def render_stack(config: StackConfig, out: Path) -> list[str]:
-    files = collect(config)
+    files = collect(config, out)
     write_tree(out, files)
     return sorted(files)

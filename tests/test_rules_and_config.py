@@ -96,8 +96,7 @@ BAD_INPUT = {
     "bad setting type": ({"engines": {"llama.cpp": {"spec_draft_n_max": "three"}}},
                          "engines.llama.cpp.spec_draft_n_max: 'three' has the wrong type; use a value like 3"),
     "unknown preset": ({"preset": "dual-v100"}, None),
-    "fallback equals primary": ({"stack": {"fallback": "llama.cpp"}},
-                                "stack.fallback: is the same engine as stack.primary; pick another engine or remove it"),
+    "unknown fallback": ({"stack": {"fallback": "vlm"}}, "stack.fallback: unknown engine 'vlm'; did you mean 'vllm'?"),
 }
 
 

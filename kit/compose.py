@@ -1,0 +1,185 @@
+"""``out/compose.yaml`` and ``out/.env``: a compose stack that cannot be misread.
+
+- ``entrypoint:`` is always the engine binary and ``command:`` a YAML list (a model path with spaces survives);
+- GPUs by ``deploy.resources.reservations.devices`` with ``device_ids`` (never together with ``count``);
+- NCCL environment by interconnect, ``NCCL_DEBUG=WARN`` so silent fallbacks reach the logs;
+- the API key only in ``.env`` (mode 0600), referenced as ``${KIT_API_KEY}``;
+- ports on 127.0.0.1 unless ``serve.expose``; healthcheck start period from the model size.
+"""
+
+from __future__ import annotations
+
+import secrets
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kit import __version__, catalog, paths, serving, templating
+from kit.config import StackConfig
+from kit.services import FRONT_DOOR, Service, front_door_image, services
+
+API_KEY_VAR = "KIT_API_KEY"
+MODEL_DIR_VAR = "KIT_MODEL_DIR"
+
+
+@lru_cache(maxsize=1)
+def nccl_env_table() -> dict[str, Any]:
+    return yaml.safe_load((paths.images_dir() / "interconnects.yaml").read_text(encoding="utf-8"))
+
+
+def nccl_env(config: StackConfig) -> dict[str, str]:
+    table = nccl_env_table()
+    env = dict(table["common"])
+    env.update(table["interconnects"][config.hardware.interconnect])
+    return {k: str(v) for k, v in env.items()}
+
+
+def _ports(config: StackConfig, service: Service) -> list[str]:
+    bind = "" if config.serve.expose else "127.0.0.1:"
+    return [f"{bind}{service.host_port}:{service.container_port}"]
+
+
+def _logging() -> dict[str, Any]:
+    return {"driver": "json-file", "options": {"max-size": "50m", "max-file": "3"}}
+
+
+def gpu_block(device_ids: list[str]) -> dict[str, Any]:
+    return {"resources": {"reservations": {"devices": [
+        {"driver": "nvidia", "device_ids": list(device_ids), "capabilities": ["gpu", "utility"]}]}}}
+
+
+def engine_service(config: StackConfig, service: Service) -> dict[str, Any]:
+    name = service.engine or ""
+    engine = catalog.get(name)
+    flavor = engine.flavors[serving.flavor(config, name)]
+    env: dict[str, str] = {}
+    if flavor.gpu:
+        env.update(nccl_env(config))
+    env.update(serving.environment(config, name))
+    if config.serve.api_key and engine.serve.api_key_env:
+        env[engine.serve.api_key_env] = f"${{{API_KEY_VAR}}}"
+    body: dict[str, Any] = {
+        "image": service.image,
+        "pull_policy": "never" if not config.build.push else "missing",
+        "container_name": f"{config.stack.name}-{service.name}",
+        "entrypoint": list(engine.entrypoint),
+        "command": serving.command(config, name),
+        "environment": env,
+        "ports": _ports(config, service),
+        "volumes": [f"${{{MODEL_DIR_VAR}}}:{serving.MODEL_MOUNT}:ro"],
+        "ipc": "host",
+        "healthcheck": {
+            "test": ["CMD", *engine.health_cmd],
+            "interval": "15s",
+            "timeout": "5s",
+            "retries": 3,
+            "start_period": f"{serving.start_period_s(config)}s",
+        },
+        "restart": "unless-stopped",
+        "logging": _logging(),
+        "labels": {"io.kit.role": service.role, "io.kit.engine": name},
+    }
+    if flavor.gpu:
+        # pinned host memory for CUDA transfers and NCCL; CPU engines need neither
+        body["ulimits"] = {"memlock": -1, "stack": 67108864}
+        body["deploy"] = gpu_block(config.hardware.device_ids)
+    return body
+
+
+def front_door_service(config: StackConfig, service: Service, engines: list[Service]) -> dict[str, Any]:
+    return {
+        "image": service.image,
+        "pull_policy": "never",
+        "container_name": f"{config.stack.name}-{service.name}",
+        "entrypoint": ["/usr/sbin/nginx"],
+        "command": ["-c", "/etc/kit/nginx.conf", "-g", "daemon off;"],
+        "ports": _ports(config, service),
+        "volumes": ["./front-door/nginx.conf:/etc/kit/nginx.conf:ro"],
+        "depends_on": {s.name: {"condition": "service_started"} for s in engines},
+        "healthcheck": {"test": ["CMD", "curl", "-fsS", f"http://127.0.0.1:{service.container_port}/kit/health"],
+                        "interval": "10s", "timeout": "3s", "retries": 3, "start_period": "10s"},
+        "restart": "unless-stopped",
+        "logging": _logging(),
+        "labels": {"io.kit.role": FRONT_DOOR},
+    }
+
+
+def compose_dict(config: StackConfig) -> dict[str, Any]:
+    all_services = services(config)
+    engines = [s for s in all_services if s.engine]
+    body: dict[str, Any] = {}
+    for service in all_services:
+        if service.engine:
+            body[service.name] = engine_service(config, service)
+        else:
+            body[service.name] = front_door_service(config, service, engines)
+    return {"name": config.stack.name, "services": body}
+
+
+HEADER = (
+    "# Rendered by kit {version}: edit kit.yaml and run `kit render`, not this file.\n"
+    "# Secrets live in .env (mode 0600). Start with `kit deploy` or `docker compose --env-file .env up -d`.\n"
+)
+
+
+def compose_yaml(config: StackConfig) -> str:
+    text = yaml.safe_dump(compose_dict(config), sort_keys=False, default_flow_style=False, width=1000,
+                          allow_unicode=True)
+    return HEADER.format(version=__version__) + text
+
+
+def env_text(config: StackConfig, existing: dict[str, str] | None = None) -> str:
+    """``.env``: the model folder and the API key (kept across renders so clients keep working)."""
+    existing = existing or {}
+    model_dir = str(Path(config.model.dir).expanduser().resolve())
+    lines = ["# kit: secrets and host paths for compose. Mode 0600; never commit.", f"{MODEL_DIR_VAR}={model_dir}"]
+    if config.serve.api_key:
+        key = existing.get(API_KEY_VAR) or "kit-" + secrets.token_urlsafe(24)
+        lines.append(f"{API_KEY_VAR}={key}")
+    return "\n".join(lines) + "\n"
+
+
+def read_env(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip().strip('"')
+    return out
+
+
+def nginx_conf(config: StackConfig) -> str | None:
+    all_services = services(config)
+    if not any(s.role == FRONT_DOOR for s in all_services):
+        return None
+    by_role = {s.role: s for s in all_services}
+    return templating.render("front-door/nginx.conf.j2", {
+        "kit_version": __version__, "primary": by_role["primary"], "fallback": by_role["fallback"],
+        "port": by_role[FRONT_DOOR].container_port,
+    })
+
+
+def front_door_dockerfile(config: StackConfig) -> str:
+    image = config.base.runtime or (config.mirrors.registry + "debian:bookworm-slim")
+    return templating.render("dockerfile/front-door.Dockerfile.j2", {
+        "kit_version": __version__, "image": image, "port": 8080, "ca_bundle": bool(config.mirrors.ca_bundle)})
+
+
+def files(config: StackConfig, out_dir: Path | None = None) -> dict[str, str | Path]:
+    """compose.yaml, .env and the front door's files, for the renderer."""
+    existing = read_env(out_dir / ".env") if out_dir else {}
+    result: dict[str, str | Path] = {"compose.yaml": compose_yaml(config), ".env": env_text(config, existing)}
+    conf = nginx_conf(config)
+    if conf:
+        result["front-door/nginx.conf"] = conf
+        result["images/front-door/Dockerfile"] = front_door_dockerfile(config)
+        if config.mirrors.ca_bundle:
+            result["images/front-door/kit/ca.crt"] = Path(config.mirrors.ca_bundle)
+    return result
+
+
+__all__ = ["compose_dict", "compose_yaml", "env_text", "files", "front_door_image", "API_KEY_VAR"]

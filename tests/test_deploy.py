@@ -1,0 +1,122 @@
+"""`kit deploy` on this machine's CPU setup, for real: health, smoke request, self-healing, down/up, front door."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from kit import build, config as cfg, deploy, rules
+from kit.services import endpoint
+from tests.conftest import FIXTURES
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(folder: Path, tiny_gguf: Path, name: str, **stack) -> Path:
+    raw = yaml.safe_load((FIXTURES / "cpu-ci.yaml").read_text())
+    raw["model"] = {"dir": str(tiny_gguf.parent)}
+    raw["serve"] = {"port": free_port()}
+    raw["stack"] = {"name": name, **stack}
+    path = folder / "kit.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def kit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def stack(tmp_path, cpu_image, tiny_gguf):
+    created: list[Path] = []
+
+    def make(name: str, **stack_fields):
+        path = write_config(tmp_path, tiny_gguf, name, **stack_fields)
+        created.append(tmp_path / "out")
+        config = cfg.load(path)
+        rules.validate(config)
+        return path, config
+
+    yield make
+    for out in created:
+        if (out / "compose.yaml").exists():
+            subprocess.run([sys.executable, "-m", "kit", "down", "-o", str(out)], capture_output=True)
+
+
+def ids(config):
+    return sorted(c.id for c in deploy.containers(config))
+
+
+def test_deploy_heals_and_redeploys(stack, tmp_path, tiny_gguf):
+    path, config = stack("kitci-single")
+    first = kit("deploy", "-c", str(path), "-o", "out", cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "ready" in first.stdout and "smoke:" in first.stdout
+    before = ids(config)
+
+    again = kit("deploy", "-c", str(path), "-o", "out", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert ids(config) == before, "a second deploy must change nothing"
+
+    # crash the engine: kill its process from the host; restart: unless-stopped brings it back healthy
+    container = deploy.containers(config)[0]
+    container.reload()
+    os.kill(container.attrs["State"]["Pid"], signal.SIGKILL)
+    time.sleep(2)
+    deploy.wait_healthy(config, 120, echo=lambda _l: None)
+    container.reload()
+    assert container.attrs["RestartCount"] >= 1
+
+    status = kit("status", "-c", str(path), cwd=tmp_path)
+    assert "healthy" in status.stdout
+    clean = kit("logs", "-o", "out", "--check", cwd=tmp_path)
+    assert clean.returncode == 0, clean.stdout
+
+    down = kit("down", "-o", "out", cwd=tmp_path)
+    assert down.returncode == 0 and not deploy.containers(config)
+    assert tiny_gguf.is_file(), "down must never touch the model folder"
+    back = kit("deploy", "-c", str(path), "-o", "out", cwd=tmp_path)
+    assert back.returncode == 0, back.stderr
+
+
+def test_front_door_answers_when_primary_is_down(stack, tmp_path):
+    path, config = stack("kitci-door", fallback="llama.cpp", front_door=True)
+    build.build_front_door(config, echo=lambda _l: None)
+    result = kit("deploy", "-c", str(path), "-o", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    key = deploy.api_key(tmp_path / "out")
+    url = endpoint(config)
+    primary = next(c for c in deploy.containers(config) if c.labels.get("io.kit.role") == "primary")
+    primary.stop(timeout=5)
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    reply = requests.post(f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] > 0
+    unauthorized = requests.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    assert unauthorized.status_code == 401, "the API key from .env must be enforced"
+
+
+def test_logs_check_flags_silent_failures(tmp_path):
+    from kit import logscan
+
+    text = ("ggml_cuda_init: found 2 CUDA devices\n"
+            "W NCCL init failed (unhandled cuda error); falling back to internal AllReduce\n"
+            "CUDA error: no kernel image is available for execution on the device\n")
+    names = {f.name for f in logscan.scan(text)}
+    assert names == {"nccl-fallback", "no-kernel-image"}
+    assert not logscan.scan("all good\nserver listening on 0.0.0.0:8080\n")
