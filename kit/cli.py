@@ -242,6 +242,76 @@ def down(
     out.print("stack down" + (" (volumes removed)" if volumes else "; volumes and models kept"))
 
 
+panel_app = typer.Typer(no_args_is_help=True, help="1Panel: export local apps, check them, install through the API.")
+app.add_typer(panel_app, name="panel")
+
+
+@panel_app.command("export")
+def panel_export(
+    config_path: Optional[Path] = ConfigOpt,
+    output: Path = typer.Option(Path("appstore"), "--output", "-o", help="Folder of local apps (replaced whole)."),
+    engine: Optional[list[str]] = typer.Option(None, "--engine", help="Only these engines (default: all)."),
+) -> None:
+    """Write one 1Panel local app per engine, checked against the validator's rules."""
+    from kit import render as renderer
+    from kit import rules
+    from kit.panel import check, export
+
+    config = rules.load_valid(str(config_path) if config_path else None)
+    files = export.export_files(config, engine or None)
+    renderer.write_tree(output, files)
+    problems = check.check_store(output)
+    for p in problems:
+        out.print(f"{p.level}: {p.where}: {p.what}", markup=False, soft_wrap=True)
+    if any(p.level == "error" for p in problems):
+        raise CheckFailed("the exported apps break 1Panel's rules")
+    apps = sorted({rel.split("/")[0] for rel in files})
+    out.print(f"exported {len(apps)} apps into {output}/: {', '.join(apps)}")
+
+
+@panel_app.command("check")
+def panel_check(
+    folder: Path = typer.Argument(..., help="A folder of 1Panel apps (like appstore/ or the store's apps/)."),
+    lenient: bool = typer.Option(False, "--lenient", help="Validator-only rules as warnings (for official apps)."),
+) -> None:
+    """Apply the official validator's and the local-app loader's rules to a folder of apps."""
+    from kit.panel import check
+
+    problems = check.check_store(folder, strict=not lenient)
+    for p in problems:
+        out.print(f"{p.level}: {p.where}: {p.what}", markup=False, soft_wrap=True)
+    errors = [p for p in problems if p.level == "error"]
+    if errors:
+        raise CheckFailed(f"{len(errors)} error(s)")
+    out.print(f"ok: {len(problems)} warning(s)")
+
+
+@panel_app.command("install")
+def panel_install(
+    url: str = typer.Option(..., "--url", help="1Panel address, e.g. http://10.0.0.5:10086"),
+    api_key: str = typer.Option(..., "--api-key", envvar="KIT_1PANEL_API_KEY", help="Panel > Settings > API key."),
+    app_name: str = typer.Option("llama-cpp-v100", "--app", help="App key to install."),
+    name: Optional[str] = typer.Option(None, "--name", help="Install name (default: the app key)."),
+    store: Path = typer.Option(Path("appstore"), "--store", help="Folder with the exported apps."),
+    local_dir: Optional[Path] = typer.Option(None, "--local-dir",
+                                             help="Copy into this local-apps folder instead of uploading "
+                                                  "(/opt/1panel/resource/apps/local on the panel host)."),
+    param: Optional[list[str]] = typer.Option(None, "--param", help="KEY=VALUE form values (repeatable)."),
+    allow_port: bool = typer.Option(False, "--allow-port", help="Open the port on all interfaces."),
+    timeout: float = typer.Option(900, help="Seconds to wait for Running."),
+    api_version: str = typer.Option("v2", "--api", help="v2 (1Panel 2.x) or v1."),
+) -> None:
+    """Copy or upload the app, sync local apps, install it with params, poll until Running."""
+    from kit.panel import api
+
+    params = dict(p.split("=", 1) for p in (param or []))
+    client = api.PanelClient(url, api_key, api_version)
+    result = api.install(client, store / app_name, name or app_name, params, local_dir=local_dir,
+                         allow_port=allow_port, timeout_s=timeout,
+                         echo=lambda line: out.print(line, markup=False, soft_wrap=True))
+    out.print(f"[bold green]{result['status']}[/]: {result.get('name')} (port {result.get('httpPort', '?')})")
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)

@@ -40,6 +40,10 @@ def collect(config: StackConfig, out_dir: Path | None = None) -> Files:
         raise KitError("mirrors.ca_bundle", f"{ca} is not a file", "point it at a PEM bundle on this host")
     files = image_files(config)
     files.update(compose.files(config, out_dir))
+    from kit.panel import export
+
+    for rel, content in export.export_files(config, config.engine_names()).items():
+        files[f"appstore/{rel}"] = content
     for produce in PRODUCERS:
         files.update(produce(config))
     return files

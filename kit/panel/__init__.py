@@ -1,0 +1,1 @@
+"""1Panel: app-store export, the validator's rules, and the HTTP API client."""

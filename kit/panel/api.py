@@ -1,0 +1,159 @@
+"""The 1Panel HTTP API, as far as installing a local app needs it (../shared/reference/1panel.md §4).
+
+Auth: ``1Panel-Token = md5("1panel" + API key + timestamp)`` with ``1Panel-Timestamp`` (works on every version).
+Envelope: ``{"code": 200, "message": "", "data": ...}``; errors often arrive as HTTP 200 with another ``code``, so the
+``code`` decides. Flow: upload (or copy) -> sync local apps -> search -> app -> detail (appDetailId) -> install ->
+poll ``installed/check`` until Running or an error state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import shutil
+import tarfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+from kit.errors import CheckFailed, KitError
+
+RUNNING = "Running"
+FAILED = {"UpErr", "InstallErr", "Error", "DownloadErr", "UnHealthy"}
+
+
+def token(api_key: str, timestamp: str) -> str:
+    return hashlib.md5(f"1panel{api_key}{timestamp}".encode()).hexdigest()
+
+
+class PanelClient:
+    def __init__(self, url: str, api_key: str, version: str = "v2", timeout_s: float = 30) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise KitError("--url", f"{url!r} is not an http(s) URL", "write it like http://10.0.0.5:10086")
+        self.base = f"{url.rstrip('/')}/api/{version}"
+        self.version = version
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.session = requests.Session()
+
+    def headers(self) -> dict[str, str]:
+        ts = str(int(time.time()))
+        return {"1Panel-Token": token(self.api_key, ts), "1Panel-Timestamp": ts}
+
+    def call(self, method: str, path: str, json: Any = None, files: Any = None, data: Any = None) -> Any:
+        try:
+            reply = self.session.request(method, self.base + path, json=json, files=files, data=data,
+                                         headers=self.headers(), timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise CheckFailed(f"1Panel at {self.base} is unreachable: {exc.__class__.__name__}") from None
+        try:
+            body = reply.json()
+        except ValueError:
+            raise CheckFailed(f"{method} {path}: HTTP {reply.status_code}, not a 1Panel JSON reply") from None
+        code = body.get("code")
+        if code != 200:
+            message = body.get("message") or body.get("msg") or ""
+            hint = " (check the API key, the IP whitelist and that the API is enabled)" if code in (401, 403) else ""
+            raise CheckFailed(f"{method} {path}: 1Panel code {code}: {message}{hint}")
+        return body.get("data")
+
+    # --- the routes the install flow uses
+    def upload(self, app_dir: Path) -> Any:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            tar.add(app_dir, arcname=app_dir.name)
+        files = {"file": (f"{app_dir.name}.tar.gz", buffer.getvalue(), "application/gzip")}
+        return self.call("POST", "/apps/local/upload", files=files, data={"overwrite": "true"})
+
+    def sync_local(self) -> Any:
+        if self.version == "v1":
+            return self.call("POST", "/apps/sync", json={})
+        return self.call("POST", "/apps/sync/local", json={"taskID": str(uuid.uuid4())})
+
+    def search(self, name: str) -> list[dict[str, Any]]:
+        data = self.call("POST", "/apps/search", json={"page": 1, "pageSize": 50, "name": name,
+                                                       "resource": "local", "showCurrentArch": False})
+        return (data or {}).get("items") or []
+
+    def app(self, key: str) -> dict[str, Any]:
+        return self.call("GET", f"/apps/{key}")
+
+    def detail(self, app_id: int, version: str) -> dict[str, Any]:
+        return self.call("GET", f"/apps/detail/{app_id}/{version}/app")
+
+    def install(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.call("POST", "/apps/install", json=body)
+
+    def installed(self, key: str, name: str) -> dict[str, Any]:
+        return self.call("POST", "/apps/installed/check", json={"key": key, "name": name})
+
+
+def _local_version(app_dir: Path) -> str:
+    versions = sorted(d.name for d in app_dir.iterdir() if d.is_dir() and (d / "docker-compose.yml").is_file())
+    if not versions:
+        raise KitError("--app", f"{app_dir} has no version folder", "run `kit panel export` first")
+    return versions[-1]
+
+
+def install(client: PanelClient, app_dir: Path, name: str, params: dict[str, str], *,
+            local_dir: Path | None = None, allow_port: bool = False, timeout_s: float = 900,
+            poll_s: float = 2.0, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    if not (app_dir / "data.yml").is_file():
+        raise KitError("--app", f"{app_dir} is not an exported app", "run `kit panel export` and pass --store")
+    key = yaml.safe_load((app_dir / "data.yml").read_text(encoding="utf-8"))["additionalProperties"]["key"]
+    version = _local_version(app_dir)
+    if local_dir is not None:
+        target = local_dir / app_dir.name
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(app_dir, target)
+        echo(f"copied {app_dir.name} into {local_dir}")
+    else:
+        client.upload(app_dir)
+        echo(f"uploaded {app_dir.name}")
+    client.sync_local()
+    echo("synced local apps")
+    panel_key = f"local{key}"
+    deadline = time.monotonic() + 60
+    item = None
+    while item is None:
+        item = next((i for i in client.search(key) if i.get("key") in (panel_key, key)), None)
+        if item is None:
+            if time.monotonic() > deadline:
+                raise CheckFailed(f"1Panel did not list app {key} after syncing (check the app with `kit panel check`)")
+            time.sleep(poll_s)
+    app = client.app(item["key"])
+    versions = [v if isinstance(v, str) else v.get("version") for v in app.get("versions") or []]
+    if version not in versions:
+        raise CheckFailed(f"1Panel lists versions {versions} for {key}, not {version}")
+    detail = client.detail(app["app"]["id"] if "app" in app else app["id"], version)
+    defaults = {f["envKey"]: f["default"] for f in (detail.get("params") or {}).get("formFields") or []}
+    unknown = sorted(set(params) - set(defaults))
+    if unknown:
+        raise KitError("--param", f"{unknown} are not form fields of {key}", f"use {sorted(defaults)}")
+    values = {**defaults, **params}
+    # 1Panel's .env writer drops booleans and does not escape quotes: strings and numbers only
+    values = {k: v if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v) for k, v in values.items()}
+    installed = client.install({
+        "appDetailId": detail["id"], "name": name, "params": values, "advanced": True, "allowPort": allow_port,
+        "pullImage": False,  # kit images are built locally; a pull would fail the install
+        "gpuConfig": False,  # the compose names device_ids; gpuConfig would overwrite them with count: all
+        "editCompose": False, "dockerCompose": "", "cpuQuota": 0, "memoryLimit": 0, "memoryUnit": "M",
+        "containerName": "", "taskID": str(uuid.uuid4()),
+    })
+    echo(f"install started: {installed.get('name', name)} ({installed.get('status', 'Installing')})")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = client.installed(panel_key, name)
+        status = state.get("status", "")
+        if status == RUNNING:
+            return state
+        if status in FAILED:
+            raise CheckFailed(f"1Panel install of {name} ended in {status}: {state.get('message', '')}")
+        if time.monotonic() > deadline:
+            raise CheckFailed(f"1Panel install of {name} still {status or 'unknown'} after {timeout_s:.0f}s")
+        time.sleep(poll_s)

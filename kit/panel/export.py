@@ -1,0 +1,209 @@
+"""Render 1Panel local apps, one per engine (``kit panel export``; ``appstore/`` in the repo is this output).
+
+Layout per app: ``<key>/{data.yml, logo.png, README.md, README_en.md}`` and ``<key>/<version>/{data.yml,
+docker-compose.yml}``. Rules followed (../shared/reference/1panel.md): key = folder name, tags from the official list,
+``type: tool``, descriptions and labels in every language, no null values, no spaces in envKey, every ``${VAR}``
+declared, ``container_name: ${CONTAINER_NAME}``, external ``1panel-network``, ``createdBy: "Apps"``, a 2-part port so
+1Panel adds ``${HOST_IP}``, the GPU block written in the compose (local apps get no GPU checkbox), explicit
+entrypoint.
+"""
+
+from __future__ import annotations
+
+import shlex
+from functools import lru_cache
+from typing import Any
+
+import yaml
+
+from kit import catalog, compose, dockerfile, paths, serving, templating
+from kit.config import StackConfig
+from kit.panel import logo
+
+COLORS = {"llama.cpp": (33, 37, 41), "vllm": (48, 99, 142), "ninfer": (118, 185, 0)}
+# Port field: 1Panel checks every param whose key contains PANEL_APP_PORT against ports in use.
+PORT = "PANEL_APP_PORT_HTTP"
+
+
+@lru_cache(maxsize=1)
+def facts() -> dict[str, Any]:
+    return yaml.safe_load((paths.images_dir() / "1panel.yaml").read_text(encoding="utf-8"))
+
+
+def localized(texts: dict[str, str]) -> dict[str, str]:
+    """Every language 1Panel reads; zh-hant mirrors zh-Hant."""
+    out = {}
+    for lang in facts()["languages"]:
+        out[lang] = texts["zh-Hant"] if lang == "zh-hant" else texts[lang]
+    return out
+
+
+def version_name(config: StackConfig, name: str) -> str:
+    """The image tag: never starts with 'v' (1Panel/Renovate convention)."""
+    return dockerfile.image_tag(config, name).rsplit(":", 1)[1].lstrip("vV")
+
+
+def _field(env_key: str, default: Any, type_: str, required: bool = True, **extra: Any) -> dict[str, Any]:
+    labels = localized(facts()["fields"][env_key])
+    body: dict[str, Any] = {
+        "default": default,
+        "edit": True,
+        "envKey": env_key,
+        "labelEn": labels["en"],
+        "labelZh": labels["zh"],
+        "label": labels,
+        "required": required,
+        "type": type_,
+    }
+    body.update(extra)
+    return body
+
+
+def form_fields(config: StackConfig, name: str) -> list[dict[str, Any]]:
+    settings = config.engine_settings(name)
+    engine = catalog.get(name)
+    gpu = engine.flavors[serving.flavor(config, name)].gpu
+    fields = [
+        _field(PORT, config.serve.port, "number", rule="paramPort"),
+        _field("MODEL_DIR", "/opt/models", "text"),
+        _field("MODEL_FILE", settings.get("model_file") or config.model.file, "text"),
+        _field("CONTEXT_LENGTH", serving.context(config, name)["ctx"], "number"),
+    ]
+    if gpu:
+        fields.append(_field("GPU_IDS", ",".join(config.hardware.device_ids), "text"))
+    if engine.serve.api_key_env:
+        fields.append(_field("API_KEY", "kitapikey", "password", random=True, rule="paramComplexity"))
+    fields.append(_field("EXTRA_ARGS", "", "text", required=False))
+    return fields
+
+
+def command_string(config: StackConfig, name: str) -> str:
+    """The serve flags as one string with ``${VAR}`` for the form fields.
+
+    1Panel form values are strings, so the app's command is one string that compose splits into argv without a
+    shell (the entrypoint stays the engine binary). The model path is double-quoted, so a file name with spaces
+    stays one argument; EXTRA_ARGS is last and may hold several flags.
+    """
+    ctx = serving.context(config, name)
+    model_path = ctx["model_path"]
+    argv = serving.command(config, name)
+    words: list[str] = []
+    for i, token in enumerate(argv):
+        if token == model_path:
+            words.append(f'"{serving.MODEL_MOUNT}/${{MODEL_FILE}}"')
+        elif i > 0 and argv[i - 1] in ("--ctx-size", "--max-model-len") and token == str(ctx["ctx"]):
+            words.append("${CONTEXT_LENGTH}")
+        else:
+            words.append(shlex.quote(token).replace("$", "$$"))
+    return " ".join(words + ["${EXTRA_ARGS}"])
+
+
+def compose_for(config: StackConfig, name: str, key: str) -> dict[str, Any]:
+    engine = catalog.get(name)
+    flavor = engine.flavors[serving.flavor(config, name)]
+    env: dict[str, str] = {}
+    if flavor.gpu:
+        env.update(compose.nccl_env(config))
+    env.update(serving.environment(config, name))
+    if engine.serve.api_key_env:
+        env[engine.serve.api_key_env] = "${API_KEY}"
+    service: dict[str, Any] = {
+        "image": dockerfile.image_tag(config, name),
+        "container_name": "${CONTAINER_NAME}",
+        "restart": "unless-stopped",
+        "networks": ["1panel-network"],
+        "ports": [f"${{{PORT}}}:{engine.port}"],
+        "volumes": ["${MODEL_DIR}:/models:ro"],
+        "entrypoint": list(engine.entrypoint),
+        "command": command_string(config, name),
+        "environment": env,
+        "ipc": "host",
+    }
+    if flavor.gpu:
+        service["ulimits"] = {"memlock": -1, "stack": 67108864}
+        # one device_ids entry "0,1": Docker joins DeviceIDs with "," for the NVIDIA runtime, so a single
+        # comma-separated value selects the same GPUs as a list, and a form field can fill it
+        service["deploy"] = compose.gpu_block(["${GPU_IDS}"])
+    service["healthcheck"] = {"test": ["CMD", *engine.health_cmd], "interval": "15s", "timeout": "5s",
+                              "retries": 3, "start_period": f"{serving.start_period_s(config)}s"}
+    service["logging"] = {"driver": "json-file", "options": {"max-size": "50m", "max-file": "3"}}
+    service["labels"] = {"createdBy": "Apps"}
+    return {"services": {key: service}, "networks": {"1panel-network": {"external": True}}}
+
+
+def app_data(config: StackConfig, name: str) -> dict[str, Any]:
+    info = facts()["apps"][name]
+    base = facts()["app"]
+    engine = catalog.get(name)
+    description = localized(info["description"])
+    return {
+        "name": info["name"],
+        "tags": list(base["tags"]),
+        "title": description["zh"],
+        "description": description["zh"],
+        "additionalProperties": {
+            "key": info["key"],
+            "name": info["name"],
+            "tags": list(base["tags"]),
+            "shortDescZh": description["zh"],
+            "shortDescEn": description["en"],
+            "description": description,
+            "type": base["type"],
+            "crossVersionUpdate": base["crossVersionUpdate"],
+            "limit": base["limit"],
+            "recommend": base["recommend"],
+            "batchInstallSupport": base["batchInstallSupport"],
+            "website": engine.homepage or "https://github.com/",
+            "github": engine.source.git or engine.homepage or "https://github.com/",
+            "document": info["document"] or engine.homepage or "https://github.com/",
+            "gpuSupport": base["gpuSupport"],
+            "memoryRequired": base["memoryRequired"],
+            "architectures": list(base["architectures"]),
+        },
+    }
+
+
+def _yaml(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=1000)
+
+
+def app_files(config: StackConfig, name: str) -> dict[str, str | bytes]:
+    info = facts()["apps"][name]
+    key = info["key"]
+    version = version_name(config, name)
+    engine = catalog.get(name)
+    gpu = engine.flavors[serving.flavor(config, name)].gpu
+    settings = config.engine_settings(name)
+    readme_ctx = {
+        "name": info["name"],
+        "description": localized(info["description"]),
+        "image": dockerfile.image_tag(config, name),
+        "archs": ", ".join(f"sm_{a}" for a in config.hardware.archs) if gpu else "CPU",
+        "nccl": config.nccl.version if gpu else "",
+        "entrypoint": " ".join(engine.entrypoint),
+        "spec": bool(settings.get("spec_type")),
+        "model_file": settings.get("model_file") or config.model.file,
+    }
+    return {
+        f"{key}/data.yml": _yaml(app_data(config, name)),
+        f"{key}/logo.png": logo.png(COLORS.get(name, (60, 60, 60))),
+        f"{key}/README.md": templating.render("1panel/README.md.j2", readme_ctx),
+        f"{key}/README_en.md": templating.render("1panel/README_en.md.j2", readme_ctx),
+        f"{key}/{version}/data.yml": _yaml({"additionalProperties": {"formFields": form_fields(config, name)}}),
+        f"{key}/{version}/docker-compose.yml": _yaml(compose_for(config, name, key)),
+    }
+
+
+def export_files(config: StackConfig, names: list[str] | None = None) -> dict[str, str | bytes]:
+    """Apps for ``names`` (default: every engine with a 1Panel entry) under the stack's settings."""
+    files: dict[str, str | bytes] = {}
+    for name in names or list(facts()["apps"]):
+        files.update(app_files(config, name))
+    return files
+
+
+def app_key(name: str) -> str:
+    return facts()["apps"][name]["key"]
+
+
+__all__ = ["export_files", "app_files", "app_key", "version_name"]

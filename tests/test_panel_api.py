@@ -1,0 +1,165 @@
+"""`kit panel install` against a stand-in 1Panel (a contract test: 1Panel itself cannot run here).
+
+The stand-in implements the routes the install flow uses, the response envelope (errors as HTTP 200 with another
+`code`), and the token check md5("1panel" + key + timestamp) with the timestamp window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import time
+
+import pytest
+import yaml
+from werkzeug.wrappers import Request, Response
+
+from kit.errors import CheckFailed, KitError
+from kit.panel import api
+from tests.conftest import ROOT
+
+KEY = "panel-secret-key"
+STORE = ROOT / "appstore"
+
+
+def envelope(data=None, code=200, message=""):
+    return Response(json.dumps({"code": code, "message": message, "data": data}), status=200,
+                    content_type="application/json")
+
+
+class FakePanel:
+    def __init__(self, fail_with: str | None = None):
+        self.apps: dict[str, dict] = {}
+        self.uploaded: list[str] = []
+        self.installs: dict[str, dict] = {}
+        self.install_bodies: list[dict] = []
+        self.polls = 0
+        self.fail_with = fail_with
+
+    def authorized(self, request: Request) -> bool:
+        ts = request.headers.get("1Panel-Timestamp", "")
+        tok = request.headers.get("1Panel-Token", "")
+        if not ts.isdigit() or abs(time.time() - int(ts)) > 120:
+            return False
+        return tok == hashlib.md5(f"1panel{KEY}{ts}".encode()).hexdigest()
+
+    def __call__(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return envelope(code=401, message="API 接口密钥错误")
+        path = request.path.removeprefix("/api/v2")
+        body = request.get_json(silent=True) or {}
+        if path == "/apps/local/upload":
+            upload = request.files["file"]
+            with tarfile.open(fileobj=io.BytesIO(upload.read()), mode="r:gz") as tar:
+                names = tar.getnames()
+                data = yaml.safe_load(tar.extractfile(f"{names[0]}/data.yml").read())
+                versions = sorted({n.split("/")[1] for n in names if n.endswith("/docker-compose.yml")})
+                form = {v: yaml.safe_load(tar.extractfile(f"{names[0]}/{v}/data.yml").read()) for v in versions}
+            key = "local" + data["additionalProperties"]["key"]
+            self.uploaded.append(key)
+            self.pending = {"key": key, "id": 7, "name": data["additionalProperties"]["name"], "versions": versions,
+                            "form": form}
+            return envelope({"apps": [names[0]]})
+        if path == "/apps/sync/local":
+            if getattr(self, "pending", None):
+                self.apps[self.pending["key"]] = self.pending
+            return envelope()
+        if path == "/apps/search":
+            assert body["resource"] == "local" and body["showCurrentArch"] is False
+            items = [{"id": a["id"], "key": k, "name": a["name"]} for k, a in self.apps.items()]
+            return envelope({"items": items, "total": len(items)})
+        if path.startswith("/apps/detail/"):
+            _, _, _, app_id, version, kind = path.split("/")
+            app = next(a for a in self.apps.values() if str(a["id"]) == app_id)
+            return envelope({"id": 70 + app["versions"].index(version), "params": app["form"][version]["additionalProperties"]})
+        if path == "/apps/install":
+            self.install_bodies.append(body)
+            self.installs[body["name"]] = {"status": "Installing"}
+            return envelope({"id": 1, "name": body["name"], "status": "Installing"})
+        if path == "/apps/installed/check":
+            self.polls += 1
+            state = self.installs[body["name"]]
+            if self.polls >= 2:
+                state["status"] = self.fail_with or "Running"
+                state["message"] = "compose up failed: image not found" if self.fail_with else ""
+            return envelope({"isExist": True, "name": body["name"], "status": state["status"],
+                             "message": state.get("message", ""), "httpPort": 8080})
+        if path.startswith("/apps/"):
+            key = path.removeprefix("/apps/")
+            app = self.apps[key]
+            return envelope({"app": {"id": app["id"], "key": key}, "versions": app["versions"]})
+        return Response("not found", status=404)
+
+
+@pytest.fixture
+def panel(httpserver):
+    fake = FakePanel()
+    import re
+
+    httpserver.expect_request(re.compile(r"^/api/v2/.*")).respond_with_handler(fake)
+    return fake, httpserver.url_for("/").rstrip("/")
+
+
+def test_token_formula():
+    assert api.token("abc", "1700000000") == hashlib.md5(b"1panelabc1700000000").hexdigest()
+
+
+def test_install_flow(panel):
+    fake, url = panel
+    client = api.PanelClient(url, KEY)
+    lines = []
+    result = api.install(client, STORE / "llama-cpp-v100", "llama-v100", {"MODEL_FILE": "qwen.gguf"},
+                         poll_s=0.01, echo=lines.append)
+    assert result["status"] == "Running"
+    assert fake.uploaded == ["localllama-cpp-v100"]
+    body = fake.install_bodies[0]
+    assert body["appDetailId"] == 70 and body["name"] == "llama-v100"
+    assert body["pullImage"] is False and body["gpuConfig"] is False and body["advanced"] is True
+    assert body["params"]["MODEL_FILE"] == "qwen.gguf" and body["params"]["PANEL_APP_PORT_HTTP"] == 8080
+    assert all(not isinstance(v, bool) for v in body["params"].values())
+    assert any("synced" in line for line in lines)
+
+
+def test_wrong_key_is_an_error_even_inside_http_200(panel):
+    _, url = panel
+    client = api.PanelClient(url, "wrong-key")
+    with pytest.raises(CheckFailed) as failure:
+        client.sync_local()
+    assert "code 401" in str(failure.value) and "API key" in str(failure.value)
+
+
+def test_install_error_state_is_reported(httpserver):
+    import re
+
+    fake = FakePanel(fail_with="UpErr")
+    httpserver.expect_request(re.compile(r"^/api/v2/.*")).respond_with_handler(fake)
+    client = api.PanelClient(httpserver.url_for("/").rstrip("/"), KEY)
+    with pytest.raises(CheckFailed) as failure:
+        api.install(client, STORE / "llama-cpp-v100", "llama-v100", {}, poll_s=0.01, echo=lambda _l: None)
+    assert "UpErr" in str(failure.value) and "image not found" in str(failure.value)
+
+
+def test_unknown_param_and_bad_url(panel):
+    _, url = panel
+    client = api.PanelClient(url, KEY)
+    with pytest.raises(KitError) as failure:
+        api.install(client, STORE / "llama-cpp-v100", "x", {"MODEL": "a"}, poll_s=0.01, echo=lambda _l: None)
+    assert "MODEL" in failure.value.line() and "MODEL_FILE" in failure.value.line()
+    with pytest.raises(KitError):
+        api.PanelClient("10.0.0.5:10086", KEY)
+
+
+def test_copy_to_local_dir(panel, tmp_path):
+    fake, url = panel
+    client = api.PanelClient(url, KEY)
+    # a panel that reads the local folder: pretend sync found it
+    fake.pending = {"key": "localvllm-v100", "id": 9, "name": "vLLM (V100)",
+                    "versions": [next(d.name for d in (STORE / "vllm-v100").iterdir() if d.is_dir())],
+                    "form": {}}
+    version = fake.pending["versions"][0]
+    fake.pending["form"][version] = yaml.safe_load((STORE / "vllm-v100" / version / "data.yml").read_text())
+    api.install(client, STORE / "vllm-v100", "vllm", {}, local_dir=tmp_path, poll_s=0.01, echo=lambda _l: None)
+    assert (tmp_path / "vllm-v100" / "data.yml").is_file()
+    assert fake.uploaded == []
