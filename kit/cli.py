@@ -312,6 +312,49 @@ def panel_install(
     out.print(f"[bold green]{result['status']}[/]: {result.get('name')} (port {result.get('httpPort', '?')})")
 
 
+@app.command()
+def plan(
+    model_file: Optional[str] = typer.Argument(None, metavar="[MODEL]", help="GGUF file or HF folder (default: model.dir/model.file)."),
+    config_path: Optional[Path] = ConfigOpt,
+    engine: Optional[str] = typer.Option(None, "--engine", help="Plan for this engine (default: stack.primary)."),
+    ctx: Optional[int] = typer.Option(None, "--ctx", help="Context to plan (default: model.ctx)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Will it fit? Per-GPU weights, KV cache, compute and overhead; the largest context; the cheapest fix."""
+    import json as jsonlib
+
+    from kit import modelinfo, rules
+    from kit import plan as planner
+
+    config = rules.load_valid(str(config_path) if config_path else None)
+    name = engine or config.stack.primary
+    info = modelinfo.read(planner.model_path(config, name, model_file))
+    result = planner.make_plan(config, info, name, ctx)
+    if as_json:
+        print(jsonlib.dumps(result.as_dict(), indent=2))
+    else:
+        gib = planner.GIB
+        title = (f"{Path(info.path).name}: {info.architecture}, {info.n_layer} layers, {info.n_head_kv}/{info.n_head} "
+                 f"KV/heads x {info.head_dim}, {info.weights_bytes / gib:.1f} GiB weights - {name} at ctx {result.ctx}")
+        table = Table("GPU", "layers", "weights", "KV cache", "compute", "CUDA ctx", "used", "of", "free", "fits",
+                      title=title)
+        for g in result.gpus:
+            table.add_row(str(g.index), str(len(g.layers)) if g.layers else "-", f"{g.weights / gib:.2f}",
+                          f"{g.kv / gib:.2f}", f"{g.compute / gib:.2f}", f"{g.overhead / gib:.2f}",
+                          f"{g.used / gib:.2f}", f"{g.total / gib:.1f}", f"{g.free / gib:.2f}",
+                          "[green]yes[/]" if g.fits else "[bold red]no[/]")
+        out.print(table)
+        if result.host_bytes:
+            out.print(f"host memory: {result.host_bytes / gib:.2f} GiB (token embeddings{' + all layers' if not result.gpus else ''})")
+        if result.kv_tokens is not None:
+            out.print(f"KV pool holds {result.kv_tokens} tokens (gpu_memory_utilization)")
+        else:
+            out.print(f"largest context that fits: {result.max_ctx}; recommended --batch-size {result.batch} "
+                      f"--ubatch-size {result.ubatch}")
+    if not result.fits:
+        raise CheckFailed(f"does not fit at ctx {result.ctx}: {result.fix}")
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)
@@ -328,10 +371,8 @@ def main() -> None:
         sys.exit(130)
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as exc:  # click usage errors and friends
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+    except Exception as exc:  # click usage errors (typer vendors click, so match by shape)
+        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
             sys.exit(exc.exit_code)
         raise

@@ -23,13 +23,19 @@ def context(config: StackConfig, name: str) -> dict[str, Any]:
     ctx.update(
         model_path=f"{MODEL_MOUNT}/{model_file}",
         model_name=config.model.name,
-        ctx=config.model.ctx if config.model.ctx != "auto" else 4096,
+        ctx=config.model.ctx if config.model.ctx != "auto" else _auto_ctx(config, name),
         port=engine.port,
         gpus=config.hardware.gpus,
         gpu=engine.flavors[settings["flavor"]].gpu and config.hardware.gpus > 0,
         multi_gpu=engine.flavors[settings["flavor"]].gpu and config.hardware.gpus > 1,
     )
     return ctx
+
+
+def _auto_ctx(config: StackConfig, name: str) -> int:
+    from kit.plan import auto_ctx
+
+    return auto_ctx(config, name)
 
 
 def _format(value: Any) -> str:

@@ -1,0 +1,133 @@
+"""Model facts without loading weights: the GGUF header and tensor table, or a Hugging Face config + index.
+
+``gguf.GGUFReader`` memory-maps the file, so reading a 15 GB model's header touches only its first megabytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kit.errors import KitError
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    nbytes: int
+    type: str
+    layer: int | None  # blk.N.* -> N
+
+
+@dataclass
+class ModelInfo:
+    path: str
+    format: str  # gguf | hf
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    context_length: int
+    sliding_window: int = 0
+    swa_layers: list[int] = field(default_factory=list)
+    tensors: list[TensorInfo] = field(default_factory=list)
+    weights_bytes: int = 0
+    file_type: str = ""
+
+    def summary(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "tensors"}
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    try:
+        return f.contents()
+    except Exception:  # older gguf: parts/data
+        return f.parts[f.data[0]][0] if f.data else default
+
+
+def read_gguf(path: Path) -> ModelInfo:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path), "r")
+    except Exception as exc:
+        raise KitError("MODEL", f"{path} is not a readable GGUF file ({exc.__class__.__name__})",
+                       "point kit plan at a .gguf model") from None
+    arch = str(_field(reader, "general.architecture", "llama"))
+
+    def meta(name: str, default: Any = None) -> Any:
+        return _field(reader, f"{arch}.{name}", default)
+
+    n_head = int(meta("attention.head_count", 0) or 0)
+    n_head_kv_raw = meta("attention.head_count_kv", n_head)
+    n_head_kv = int(max(n_head_kv_raw) if isinstance(n_head_kv_raw, list) else n_head_kv_raw or n_head)
+    n_embd = int(meta("embedding_length", 0))
+    head_dim = int(meta("attention.key_length", 0) or (n_embd // n_head if n_head else 0))
+    n_layer = int(meta("block_count", 0))
+    tensors = []
+    vocab = 0
+    for t in reader.tensors:
+        layer = int(t.name.split(".")[1]) if t.name.startswith("blk.") else None
+        tensors.append(TensorInfo(t.name, int(t.n_bytes), t.tensor_type.name, layer))
+        if t.name == "token_embd.weight":
+            vocab = int(t.shape[-1]) if len(t.shape) > 1 else 0
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        vocab = len(tokens.data)
+    window = int(meta("attention.sliding_window", 0) or 0)
+    swa: list[int] = []
+    if window:
+        pattern = meta("attention.sliding_window_pattern", None)
+        if isinstance(pattern, list):
+            swa = [i for i, is_swa in enumerate(pattern) if is_swa]
+        elif isinstance(pattern, int) and pattern > 1:
+            swa = [i for i in range(n_layer) if (i + 1) % pattern != 0]
+    n_ff_raw = meta("feed_forward_length", 0)
+    n_ff = int(max(n_ff_raw) if isinstance(n_ff_raw, list) else n_ff_raw or 0)
+    return ModelInfo(
+        path=str(path), format="gguf", architecture=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        n_head_kv=n_head_kv, head_dim=head_dim, n_ff=n_ff, n_vocab=vocab,
+        context_length=int(meta("context_length", 0) or 0), sliding_window=window, swa_layers=swa, tensors=tensors,
+        weights_bytes=sum(t.nbytes for t in tensors), file_type=str(_field(reader, "general.file_type", "")),
+    )
+
+
+def read_hf(folder: Path) -> ModelInfo:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise KitError("MODEL", f"{folder} has no config.json", "point kit plan at a Hugging Face model folder")
+    cfg = json.loads(config_file.read_text(encoding="utf-8"))
+    cfg = cfg.get("text_config", cfg)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weights = int(json.loads(index.read_text(encoding="utf-8")).get("metadata", {}).get("total_size", 0))
+    else:
+        weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    n_head = int(cfg["num_attention_heads"])
+    n_embd = int(cfg["hidden_size"])
+    return ModelInfo(
+        path=str(folder), format="hf", architecture=str((cfg.get("architectures") or ["?"])[0]),
+        n_layer=int(cfg["num_hidden_layers"]), n_embd=n_embd, n_head=n_head,
+        n_head_kv=int(cfg.get("num_key_value_heads", n_head)), head_dim=int(cfg.get("head_dim") or n_embd // n_head),
+        n_ff=int(cfg.get("intermediate_size", 0)), n_vocab=int(cfg.get("vocab_size", 0)),
+        context_length=int(cfg.get("max_position_embeddings", 0)), sliding_window=int(cfg.get("sliding_window") or 0),
+        weights_bytes=weights,
+    )
+
+
+def read(path: str | Path) -> ModelInfo:
+    p = Path(path)
+    if p.is_dir():
+        return read_hf(p)
+    if not p.is_file():
+        raise KitError("MODEL", f"{p} does not exist", "pass the model file, or set model.dir and model.file")
+    return read_gguf(p)

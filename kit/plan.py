@@ -1,0 +1,250 @@
+"""``kit plan``: will this model fit these GPUs at this context? Answered before anything is built or loaded.
+
+llama.cpp (layer split): layers go to GPUs by the tensor-split ratios (as llama.cpp assigns them: layer i to the
+first GPU whose cumulative share exceeds i / n_layer); token embeddings stay on the host; the output layer sits on
+the last GPU. Per GPU: weights + KV cache (2 x ctx x kv_heads x head_dim x bytes per layer, GQA-aware, SWA layers
+capped at the window) + compute buffer + CUDA context. vLLM / NInfer (tensor parallel): weights / TP, then what
+``--gpu-memory-utilization`` leaves becomes the KV pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kit import catalog, paths
+from kit.config import StackConfig
+from kit.errors import KitError
+from kit.modelinfo import ModelInfo
+
+GIB = 2**30
+MIB = 2**20
+CTX_STEP = 256
+
+
+@lru_cache(maxsize=1)
+def gpu_table() -> dict[str, Any]:
+    return yaml.safe_load((paths.images_dir() / "gpus.yaml").read_text(encoding="utf-8"))
+
+
+def kv_bytes(cache_type: str) -> float:
+    table = gpu_table()["kv_bytes"]
+    if cache_type not in table:
+        raise KitError("engines.llama.cpp.cache_type_k", f"unknown KV cache type {cache_type!r}",
+                       f"use one of {sorted(table)}")
+    return float(table[cache_type])
+
+
+@dataclass
+class GpuPlan:
+    index: int
+    total: int
+    weights: int = 0
+    kv: int = 0
+    compute: int = 0
+    overhead: int = 0
+    layers: list[int] = field(default_factory=list)
+
+    @property
+    def used(self) -> int:
+        return self.weights + self.kv + self.compute + self.overhead
+
+    @property
+    def free(self) -> int:
+        return self.total - self.used
+
+    @property
+    def fits(self) -> bool:
+        return self.free >= 0
+
+
+@dataclass
+class Plan:
+    engine: str
+    model: dict[str, Any]
+    ctx: int
+    gpus: list[GpuPlan]
+    host_bytes: int
+    max_ctx: int
+    batch: int
+    ubatch: int
+    kv_tokens: int | None = None  # vLLM: tokens the KV pool holds
+    fix: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return all(g.fits for g in self.gpus) and (self.kv_tokens is None or self.kv_tokens >= self.ctx)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for g, raw in zip(self.gpus, out["gpus"]):
+            raw.update(used=g.used, free=g.free, fits=g.fits)
+        out["fits"] = self.fits
+        return out
+
+
+def assign_layers(n_layer: int, split: list[float]) -> list[int]:
+    """Device of each layer, as llama.cpp's layer split does it."""
+    total = sum(split)
+    cumulative, acc = [], 0.0
+    for share in split:
+        acc += share / total
+        cumulative.append(acc)
+    devices = []
+    for i in range(n_layer):
+        devices.append(next(d for d, c in enumerate(cumulative) if i / n_layer < c - 1e-12))
+    return devices
+
+
+def layer_kv_bytes(model: ModelInfo, layer: int, ctx: int, k_type: str, v_type: str) -> float:
+    tokens = min(ctx, model.sliding_window) if layer in model.swa_layers and model.sliding_window else ctx
+    per_token = model.n_head_kv * model.head_dim * (kv_bytes(k_type) + kv_bytes(v_type))
+    return tokens * per_token
+
+
+def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bool) -> int:
+    """llama.cpp's compute buffer, estimated: activations scratch, attention scores without flash attention,
+    logits on the GPU holding the output layer."""
+    scratch = ubatch * model.n_embd * 4 * 12
+    scores = 0 if flash else model.n_head * ctx * ubatch * 4
+    logits = model.n_vocab * ubatch * 4 if last else 0
+    return int(scratch + scores + logits)
+
+
+def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int | None = None,
+               cache_types: tuple[str, str] | None = None, gpus: int | None = None) -> Plan:
+    settings = config.engine_settings("llama.cpp")
+    n_gpu = config.hardware.gpus if gpus is None else gpus
+    k_type, v_type = cache_types or (settings["cache_type_k"], settings["cache_type_v"])
+    ub = ubatch or int(settings["ubatch"])
+    flash = str(settings["flash_attn"]).lower() in ("on", "auto", "true", "1")
+    mem = int(config.hardware.memory_gib * GIB)
+    overhead = int(gpu_table()["cuda_context_mib"] * MIB)
+    split = [float(x) for x in settings["tensor_split"]] if len(settings["tensor_split"]) == n_gpu else [1.0] * n_gpu
+    host = 0
+    plans = [GpuPlan(i, mem, overhead=overhead) for i in range(n_gpu)]
+    if n_gpu == 0:  # CPU: everything in host memory
+        host = model.weights_bytes + int(sum(layer_kv_bytes(model, l, ctx, k_type, v_type) for l in range(model.n_layer)))
+        return Plan("llama.cpp", model.summary(), ctx, [], host, ctx, int(settings["batch"]), ub)
+    layer_split = settings["split_mode"] != "none" or gpus is not None  # "one more GPU" assumes a layer split
+    devices = assign_layers(model.n_layer, split) if n_gpu > 1 and layer_split else [0] * model.n_layer
+    for layer, dev in enumerate(devices):
+        plans[dev].layers.append(layer)
+        plans[dev].kv += int(layer_kv_bytes(model, layer, ctx, k_type, v_type))
+    last = devices[-1] if devices else 0
+    for t in model.tensors:
+        if t.layer is not None:
+            plans[devices[t.layer]].weights += t.nbytes
+        elif t.name.startswith("token_embd"):
+            host += t.nbytes
+        else:  # output.weight, output_norm: the output layer's device
+            plans[last].weights += t.nbytes
+    for p in plans:
+        p.compute = compute_bytes(model, ctx, ub, flash, p.index == last)
+    return Plan("llama.cpp", model.summary(), ctx, plans, host, 0, int(settings["batch"]), ub)
+
+
+def plan_tensor_parallel(config: StackConfig, engine: str, model: ModelInfo, ctx: int, *,
+                         gpus: int | None = None) -> Plan:
+    settings = config.engine_settings(engine)
+    tp = max(1, config.hardware.gpus if gpus is None else gpus)
+    util = float(settings.get("gpu_memory_utilization", 0.9))
+    mem = int(config.hardware.memory_gib * GIB)
+    overhead = int(gpu_table()["cuda_context_mib"] * MIB + gpu_table()["vllm_activation_gib"] * GIB)
+    plans = []
+    pool_total = 0
+    for i in range(tp):
+        p = GpuPlan(i, int(mem * util), weights=model.weights_bytes // tp, overhead=overhead)
+        pool = max(0, p.total - p.weights - p.overhead)
+        p.kv = pool  # vLLM takes the whole pool for KV blocks
+        pool_total = pool
+        plans.append(p)
+    per_token = 2 * model.n_layer * (model.n_head_kv / tp) * model.head_dim * 2
+    tokens = int(pool_total // per_token) if per_token else 0
+    return Plan(engine, model.summary(), ctx, plans, 0, min(tokens, model.context_length or tokens), 0, 0,
+                kv_tokens=tokens)
+
+
+def make_plan(config: StackConfig, model: ModelInfo, engine: str | None = None, ctx: int | None = None) -> Plan:
+    engine = engine or config.stack.primary
+    catalog.get(engine)
+    if ctx is None:
+        ctx = config.model.ctx if isinstance(config.model.ctx, int) else (model.context_length or 4096)
+    if engine != "llama.cpp":
+        plan = plan_tensor_parallel(config, engine, model, ctx)
+        if not plan.fits:
+            plan.fix = cheapest_fix(config, model, plan, engine)
+        return plan
+    plan = plan_llama(config, model, ctx)
+    plan.max_ctx = largest_ctx(config, model)
+    plan.batch, plan.ubatch = recommend_batch(config, model, ctx)
+    if not plan.fits:
+        plan.fix = cheapest_fix(config, model, plan, engine)
+    return plan
+
+
+def largest_ctx(config: StackConfig, model: ModelInfo, **kw: Any) -> int:
+    limit = model.context_length or 131072
+    lo, hi = 0, limit // CTX_STEP
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        p = plan_llama(config, model, mid * CTX_STEP, **kw)
+        if all(g.fits for g in p.gpus):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CTX_STEP if lo else 0
+
+
+def recommend_batch(config: StackConfig, model: ModelInfo, ctx: int) -> tuple[int, int]:
+    """The seeds' sweet spot (512/512) when it fits, else the largest power of two down to 64."""
+    ub = 512
+    while ub > 64 and not all(g.fits for g in plan_llama(config, model, ctx, ubatch=ub).gpus):
+        ub //= 2
+    batch = int(config.engine_settings("llama.cpp")["batch"]) if ub == 512 else ub
+    return batch, ub
+
+
+def cheapest_fix(config: StackConfig, model: ModelInfo, plan: Plan, engine: str) -> str:
+    short = max((g.used - g.total for g in plan.gpus), default=0)
+    if engine != "llama.cpp":
+        if plan.kv_tokens and plan.kv_tokens > 1024:
+            return f"shorten the context to {plan.kv_tokens // CTX_STEP * CTX_STEP} (max model len), or raise gpu_memory_utilization"
+        return f"weights leave no KV pool: use a smaller quant or {config.hardware.gpus + 1} GPUs"
+    fixes = []
+    if plan.max_ctx >= 2048:
+        fixes.append(f"shorten model.ctx to {plan.max_ctx}")
+    if all(g.fits for g in plan_llama(config, model, plan.ctx, cache_types=("q8_0", "q8_0")).gpus):
+        fixes.append("set cache_type_k/cache_type_v: q8_0 (halves the KV cache)")
+    fixes.append(f"a smaller quant (weights must shrink by {short / GIB:.1f} GiB on the fullest GPU)")
+    if all(g.fits for g in plan_llama(config, model, plan.ctx, gpus=config.hardware.gpus + 1).gpus):
+        fixes.append(f"one more GPU ({config.hardware.gpus + 1} in total)")
+    return "; or ".join(fixes)
+
+
+def model_path(config: StackConfig, engine: str, given: str | None) -> Path:
+    if given:
+        return Path(given)
+    settings = config.engine_settings(engine)
+    return Path(config.model.dir).expanduser() / (settings.get("model_file") or config.model.file)
+
+
+def auto_ctx(config: StackConfig, engine: str) -> int:
+    """``model.ctx: auto``: the largest context kit plan fits, capped by what the model was trained for."""
+    from kit.modelinfo import read
+
+    path = model_path(config, engine, None)
+    if not path.exists():
+        raise KitError("model.ctx", f"auto needs the model at {path} to plan", "put the model there or set a number")
+    model = read(path)
+    plan = make_plan(config, model, engine, ctx=min(model.context_length or 4096, 4096))
+    best = plan.max_ctx if engine == "llama.cpp" else plan.kv_tokens or 0
+    best = min(best, model.context_length or best)
+    if best < CTX_STEP:
+        raise KitError("model.ctx", f"{path.name} does not fit {config.hardware.gpus} GPU(s) at any context",
+                       "run `kit plan` for the numbers and the cheapest fix")
+    return best // CTX_STEP * CTX_STEP

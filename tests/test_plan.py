@@ -1,0 +1,166 @@
+"""kit plan: figures computed independently here, on GGUF files the tests write (one with real 27B shapes, sparse)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from kit import modelinfo, plan
+from kit.errors import KitError
+from tests.conftest import make_config
+from tests.ggufmodels import SHAPES_27B, tensor_shapes, write_sparse_27b, write_tiny_llama
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def model27(tmp_path_factory):
+    path = write_sparse_27b(tmp_path_factory.mktemp("m") / "qwen-27b-IQ4_XS.gguf")
+    return path
+
+
+def expected_weights(shapes: dict, block: int = 256, block_bytes: int = 136) -> int:
+    total = 0
+    for _name, shape in tensor_shapes(shapes):
+        n = int(np.prod(shape))
+        total += n * 4 if len(shape) == 1 else n // block * block_bytes
+    return total
+
+
+def test_sparse_file_costs_no_disk(model27):
+    st = model27.stat()
+    assert st.st_size > 14e9 and st.st_blocks * 512 < 10e6
+
+
+def test_reads_the_27b_header(model27):
+    m = modelinfo.read(model27)
+    assert (m.n_layer, m.n_embd, m.n_head, m.n_head_kv, m.head_dim) == (64, 5120, 40, 8, 128)
+    assert m.n_vocab == 151936 and m.context_length == 40960
+    assert m.weights_bytes == expected_weights(SHAPES_27B)
+    # seed: a 27B IQ4_XS is about 15 GB
+    assert 13.5e9 < m.weights_bytes < 16e9
+
+
+def test_dual_v100_16k_per_gpu_figures(model27):
+    config = make_config({})
+    p = plan.make_plan(config, modelinfo.read(model27))
+    assert p.fits and [len(g.layers) for g in p.gpus] == [32, 32]
+    kv_per_gpu = 32 * 16384 * 8 * 128 * (2 + 2)  # K and V in f16, GQA: 8 KV heads of 128
+    assert [g.kv for g in p.gpus] == [kv_per_gpu, kv_per_gpu]
+    layer = expected_weights({**SHAPES_27B, "n_layer": 1}) - expected_weights({**SHAPES_27B, "n_layer": 0})
+    output = 151936 * 5120 // 256 * 136 + 5120 * 4
+    assert p.gpus[0].weights == 32 * layer
+    assert p.gpus[1].weights == 32 * layer + output
+    assert p.host_bytes == 151936 * 5120 // 256 * 136  # token embeddings stay on the host
+    assert all(g.overhead == 450 * 2**20 for g in p.gpus)
+    assert p.max_ctx == 40960 and (p.batch, p.ubatch) == (512, 512)
+
+
+def test_seed_kv_figures_are_plausible(model27):
+    """Seeds: KV 2-4 GB at 8K, 6-8 GB at 32K; 16 GB cards run a 27B but cramped."""
+    config = make_config({})
+    m = modelinfo.read(model27)
+    kv8 = sum(g.kv for g in plan.plan_llama(config, m, 8192).gpus)
+    kv32 = sum(g.kv for g in plan.plan_llama(config, m, 32768).gpus)
+    assert 2 * GIB <= kv8 <= 4 * GIB
+    assert 6 * GIB <= kv32 <= 8 * GIB
+    cramped = plan.plan_llama(config, m, 32768)
+    assert all(g.fits for g in cramped.gpus) and max(g.used / g.total for g in cramped.gpus) > 0.7
+
+
+def test_q8_kv_halves_the_cache(model27):
+    config = make_config({"engines": {"llama.cpp": {"cache_type_k": "q8_0", "cache_type_v": "q8_0"}}})
+    p = plan.plan_llama(config, modelinfo.read(model27), 16384)
+    assert p.gpus[0].kv == int(32 * 16384 * 8 * 128 * 2 * 1.0625)
+
+
+def test_does_not_fit_exits_1_with_the_cheapest_fix(model27, tmp_path):
+    cfg_file = tmp_path / "kit.yaml"
+    cfg_file.write_text(yaml.safe_dump({"preset": "single-v100-32g", "hardware": {"memory_gib": 16}}))
+    result = subprocess.run([sys.executable, "-m", "kit", "plan", str(model27), "-c", str(cfg_file), "--ctx", "32768"],
+                            capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "does not fit at ctx 32768" in result.stderr
+    assert "shorten model.ctx to" in result.stderr and "one more GPU (2 in total)" in result.stderr
+    data = json.loads(subprocess.run([sys.executable, "-m", "kit", "plan", str(model27), "-c", str(cfg_file), "--json", "--ctx", "8192"],
+                                     capture_output=True, text=True).stdout)
+    assert data["fits"] is True and data["gpus"][0]["weights"] == modelinfo.read(model27).weights_bytes - data["host_bytes"]
+
+
+def test_largest_ctx_is_the_boundary(model27):
+    config = make_config({"preset": "single-v100-32g", "hardware": {"memory_gib": 16}})
+    m = modelinfo.read(model27)
+    best = plan.largest_ctx(config, m)
+    assert all(g.fits for g in plan.plan_llama(config, m, best).gpus)
+    assert not all(g.fits for g in plan.plan_llama(config, m, best + plan.CTX_STEP).gpus)
+
+
+def test_tensor_split_ratios(model27):
+    config = make_config({"engines": {"llama.cpp": {"tensor_split": [3, 1]}}})
+    p = plan.plan_llama(config, modelinfo.read(model27), 4096)
+    assert [len(g.layers) for g in p.gpus] == [48, 16]
+    assert plan.assign_layers(4, [1, 1]) == [0, 0, 1, 1]
+
+
+def test_sliding_window_layers_are_capped(tmp_path):
+    import gguf
+
+    path = tmp_path / "swa.gguf"
+    write_tiny_llama(path)
+    # rewrite with a sliding window on every layer but the last of each pair
+    reader_kv = modelinfo.read(path)
+    reader_kv.sliding_window, reader_kv.swa_layers = 512, [0]
+    full = plan.layer_kv_bytes(reader_kv, 1, 4096, "f16", "f16")
+    capped = plan.layer_kv_bytes(reader_kv, 0, 4096, "f16", "f16")
+    assert full == 4096 * 2 * 16 * 4 and capped == 512 * 2 * 16 * 4
+    assert gguf  # the writer is the real package
+
+
+def test_tiny_model_on_cpu(tmp_path):
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+    config = make_config({"preset": "cpu"})
+    p = plan.make_plan(config, modelinfo.read(path))
+    assert p.gpus == [] and p.fits
+    assert p.host_bytes == modelinfo.read(path).weights_bytes + 2 * 2048 * 2 * 16 * 4
+
+
+def test_vllm_kv_pool_from_hf_config(tmp_path):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 64, "hidden_size": 5120, "num_attention_heads": 40,
+        "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 21504, "vocab_size": 151936,
+        "max_position_embeddings": 40960}))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 16 * 10**9}}))
+    config = make_config({"stack": {"primary": "vllm"}, "model": {"format": "hf"}})
+    p = plan.make_plan(config, modelinfo.read(folder), "vllm", 16384)
+    pool = int(16 * GIB * 0.9) - 8 * 10**9 - int(450 * 2**20 + 1.5 * GIB)
+    per_token = 2 * 64 * 4 * 128 * 2  # TP=2 halves the KV heads per GPU
+    assert p.kv_tokens == pool // per_token
+    assert p.fits
+
+
+def test_ctx_auto_renders_the_planned_context(tmp_path):
+    from kit import serving
+
+    write_sparse_27b(tmp_path / "Qwen3.8-27B-IQ4_XS.gguf")
+    config = make_config({"model": {"ctx": "auto", "dir": str(tmp_path)}})
+    argv = serving.command(config, "llama.cpp")
+    assert argv[argv.index("--ctx-size") + 1] == "40960"
+    missing = make_config({"model": {"ctx": "auto", "dir": str(tmp_path / "nope")}})
+    with pytest.raises(KitError) as err:
+        serving.command(missing, "llama.cpp")
+    assert err.value.line().startswith("model.ctx: auto needs the model at")
+
+
+def test_not_a_gguf(tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"nope")
+    with pytest.raises(KitError):
+        modelinfo.read(bad)
