@@ -355,9 +355,36 @@ def plan(
         raise CheckFailed(f"does not fit at ctx {result.ctx}: {result.fix}")
 
 
+@app.command()
+def doctor(
+    config_path: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Is this host right? Driver, GPUs, links, temperatures, Docker GPU runtime, disk; and a running stack's NCCL."""
+    import json as jsonlib
+
+    from kit import config as cfg
+    from kit import doctor as doc
+
+    config = cfg.load(str(config_path) if config_path else None)
+    report = doc.run(config)
+    if as_json:
+        print(jsonlib.dumps({"exit_code": report.exit_code, "checks": report.as_dicts()}, indent=2))
+    else:
+        colors = {"ok": "green", "warn": "yellow", "fail": "bold red"}
+        table = Table("check", "result", "detail", title="kit doctor")
+        for f in report.findings:
+            table.add_row(f.check, f"[{colors[f.status]}]{f.status}[/]", f.detail)
+        out.print(table)
+        if report.no_driver:
+            out.print("[bold]no NVIDIA driver here[/]: this machine cannot run the GPU stack (exit code 3)")
+    raise typer.Exit(report.exit_code)
+
+
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except KitError as exc:
         err.print(f"error: {exc.line()}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -161,3 +161,24 @@ def test_verify_cli_json_and_exit_code(cpu_image, nvidia_entrypoint_image):
     bad = subprocess.run([sys.executable, "-m", "kit", "verify", nvidia_entrypoint_image], capture_output=True,
                          text=True)
     assert bad.returncode == 1 and "entrypoint" in bad.stderr
+
+
+def test_doctor_compares_running_nccl_with_the_manifest(cuda_stage_images, docker_ready, tmp_path):
+    """The seed's 2-hour debugging session: a running engine that loads another NCCL than it was built for."""
+    from kit import doctor
+
+    test_verify_catches_mismatch_made_without_the_check(cuda_stage_images, docker_ready, tmp_path)
+    config = cfg.from_dict({"stack": {"name": "kitdoctor"}})
+    container = docker_ready.containers.run(
+        "kit/test:nccl-unchecked", entrypoint=["sleep", "300"], command=[], detach=True,
+        labels={"com.docker.compose.project": "kitdoctor", "io.kit.engine": "llama.cpp"},
+        environment={"NCCL_DEBUG": "WARN", "NCCL_P2P_LEVEL": "NVL"})
+    try:
+        report = doctor.Report()
+        doctor.check_stack(config, report, None)
+        checks = {f.check: f for f in report.findings}
+        nccl = checks[f"{container.name}-nccl"]
+        assert nccl.status == "fail" and "loads NCCL 2.32.3, image built for 2.27.3" in nccl.detail
+        assert checks[f"{container.name}-nccl-env"].status == "ok"
+    finally:
+        container.remove(force=True)

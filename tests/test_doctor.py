@@ -1,0 +1,124 @@
+"""kit doctor against recorded nvidia-smi outputs, replayed by a fake nvidia-smi on PATH."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kit import config as cfg
+from kit import doctor, nvsmi
+from tests.conftest import FIXTURES
+
+SMI = FIXTURES / "nvsmi"
+DOCKER_GPU = {"ServerVersion": "27.5.1", "Driver": "overlay2", "Runtimes": {"runc": {}, "nvidia": {}},
+              "DockerRootDir": "/"}
+TODAY = dt.date(2026, 12, 2)
+
+
+@pytest.fixture
+def fake_smi(monkeypatch):
+    def use(scenario: str | None):
+        path = os.environ["PATH"]
+        if scenario:
+            monkeypatch.setenv("KIT_FAKE_SMI_DIR", str(SMI / scenario))
+            monkeypatch.setenv("PATH", f"{SMI}{os.pathsep}{path}")
+        else:
+            monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    return use
+
+
+def run(config_data: dict, docker=DOCKER_GPU):
+    config = cfg.from_dict(config_data)
+    return doctor.run(config, docker_info=lambda: docker, compose_ok=lambda: True, stack=False, today=TODAY)
+
+
+def by_check(report):
+    return {f.check: f for f in report.findings}
+
+
+def test_parsers_read_recorded_outputs(fake_smi):
+    fake_smi("sxm2-nvlink")
+    gpus = nvsmi.gpus()
+    assert [(g.index, g.name, g.memory_mib, g.arch, g.persistence) for g in gpus] == [
+        (0, "Tesla V100-SXM2-16GB", 16384, 70, True), (1, "Tesla V100-SXM2-16GB", 16384, 70, True)]
+    assert nvsmi.topology() == {(0, 1): "NV6", (1, 0): "NV6"}
+    assert nvsmi.cuda_version() == "13.0"
+
+
+def test_healthy_sxm2_nvlink(fake_smi):
+    fake_smi("sxm2-nvlink")
+    report = run({})
+    checks = by_check(report)
+    assert report.exit_code == 0, report.as_dicts()
+    assert checks["gpu-link"].status == "ok" and "NV6" in checks["gpu-link"].detail
+    assert checks["driver"].status == "ok" and "R580" in checks["driver"].detail
+    assert checks["gpus"].status == "ok"
+    assert all(f.status == "ok" for f in report.findings), report.as_dicts()
+
+
+def test_pcie_phb_with_a_x4_gen2_card(fake_smi):
+    fake_smi("pcie-phb-x4")
+    report = run({"preset": "dual-v100-pcie", "engines": {"llama.cpp": {"split_mode": "row"}}})
+    checks = by_check(report)
+    assert checks["gpu1-pcie"].status == "warn" and "gen2 x4" in checks["gpu1-pcie"].detail
+    assert "gpu0-pcie" not in checks
+    assert checks["gpu-link"].status == "warn" and "PHB" in checks["gpu-link"].detail
+    # 535 reached end of life in 2026-06; CUDA 12.9 images run on it through minor-version compatibility
+    assert checks["driver"].status == "warn" and "end of life" in checks["driver"].detail
+    assert "minor-version compatibility" in checks["driver"].detail
+    layer = by_check(run({"preset": "dual-v100-pcie"}))
+    assert layer["gpu-link"].status == "ok", "a layer split moves little between GPUs"
+
+
+def test_nvlink_configured_but_absent(fake_smi):
+    fake_smi("pcie-phb-x4")
+    checks = by_check(run({"hardware": {"memory_gib": 32, "gpu_model": "Tesla V100-PCIE-32GB"}}))
+    assert checks["gpu-link"].status == "fail" and "NVLink bridge" in checks["gpu-link"].detail
+
+
+def test_hot_throttling_card(fake_smi):
+    fake_smi("hot-throttling")
+    report = run({})
+    checks = by_check(report)
+    assert checks["gpu1-temperature"].status == "warn" and "91 C" in checks["gpu1-temperature"].detail
+    assert checks["gpu1-throttle"].status == "warn" and "HW thermal slowdown" in checks["gpu1-throttle"].detail
+    assert checks["gpu1-persistence"].status == "warn"
+    assert checks["gpu1-memory"].status == "warn" and "Above 4G" in checks["gpu1-memory"].detail
+    assert checks["gpu1-ecc"].status == "warn"
+    assert "gpu0-temperature" not in checks and "gpus" not in checks
+    assert report.exit_code == 0  # warnings only
+
+
+def test_driver_535_with_cuda13_image(fake_smi):
+    fake_smi("driver535-cuda13")
+    report = run({"cuda": {"version": "13.0.1"}})
+    checks = by_check(report)
+    assert checks["driver"].status == "fail" and ">= 580.65.06" in checks["driver"].detail
+    assert checks["config"].status == "fail" and "CUDA 13 cannot compile for sm_70" in checks["config"].detail
+    assert report.exit_code == 1
+
+
+def test_no_gpu_runtime(fake_smi):
+    fake_smi("sxm2-nvlink")
+    checks = by_check(run({}, docker={**DOCKER_GPU, "Runtimes": {"runc": {}}}))
+    assert checks["gpu-runtime"].status == "fail" and "nvidia-ctk" in checks["gpu-runtime"].detail
+    assert by_check(run({}, docker=None))["docker"].status == "fail"
+
+
+def test_no_driver_has_its_own_exit_code(fake_smi, tmp_path):
+    fake_smi(None)
+    report = run({})
+    assert report.no_driver and report.exit_code == doctor.NO_DRIVER_EXIT
+    assert "no NVIDIA driver" in by_check(report)["driver"].detail
+    cpu = run({"preset": "cpu"})
+    assert not cpu.no_driver and by_check(cpu)["driver"].status == "ok"
+    env = {**os.environ, "PATH": f"/usr/bin:/bin:{os.path.dirname(sys.executable)}"}
+    result = subprocess.run([sys.executable, "-m", "kit", "doctor", "--json"], capture_output=True, text=True, env=env,
+                            cwd=tmp_path)
+    assert result.returncode == 3
+    assert json.loads(result.stdout)["exit_code"] == 3
