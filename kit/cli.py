@@ -381,6 +381,85 @@ def doctor(
     raise typer.Exit(report.exit_code)
 
 
+@app.command()
+def bench(
+    url: str = typer.Option(..., "--url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="KIT_API_KEY", help="Bearer key (KIT_API_KEY)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first /v1/models entry)."),
+    scenarios: str = typer.Option("short,medium,long", "--scenarios", help="Comma-separated scenarios."),
+    concurrency: str = typer.Option("1,4", "--concurrency", help="Comma-separated concurrency levels."),
+    requests_per: Optional[int] = typer.Option(None, "--requests", help="Requests per scenario and level."),
+    warmup: int = typer.Option(1, "--warmup", help="Unrecorded warm-up requests per scenario."),
+    compare: Optional[list[str]] = typer.Option(None, "--compare", help="Another endpoint to measure side by side."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write every raw sample here."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of tok/s by scenario and concurrency."),
+    model_bytes: Optional[float] = typer.Option(None, "--model-bytes", help="Weights size, for the roofline."),
+    model_file: Optional[Path] = typer.Option(None, "--model-file", help="GGUF/HF model, for the roofline."),
+    gpu: str = typer.Option("Tesla V100-SXM2-16GB", "--gpu", help="GPU name in images/gpus.yaml (bandwidth)."),
+    parallel_gpus: int = typer.Option(1, "--parallel-gpus", help="GPUs reading weights at once (tensor parallel)."),
+    timeout: float = typer.Option(300, "--timeout", help="Seconds per request."),
+) -> None:
+    """The seeds' speed table: short/medium/long decode tok/s and total tok/s under concurrency."""
+    from kit import bench as bencher
+
+    levels = [int(c) for c in concurrency.split(",") if c.strip()]
+    names = [s.strip() for s in scenarios.split(",") if s.strip()]
+    runs = []
+    for target in [url, *(compare or [])]:
+        out.print(f"[bold]{target}[/]")
+        run = bencher.run(target, api_key=api_key, model=model, names=names, concurrency=levels,
+                          requests_per=requests_per, warmup=warmup, timeout_s=timeout,
+                          echo=lambda line: out.print("  " + line, markup=False))
+        runs.append(run)
+        if run.interrupted:
+            out.print("[yellow]interrupted: showing what was measured[/]")
+            break
+    table = Table("scenario", *[r.url for r in runs], title="decode speed (seed table layout)")
+    for row in bencher.table_rows(runs):
+        table.add_row(*row)
+    out.print(table)
+    for run in runs:
+        detail = Table("scenario", "conc", "TTFT med/p90/p99 ms", "TPOT med ms", "ITL med/p99 ms", "E2EL med s",
+                       "tok/s/req", "total tok/s", "req/s", "failed", "tokens", title=f"{run.url} ({run.model})")
+        for r in run.results:
+            ms = lambda d, k: f"{d.get(k, 0) * 1000:.0f}"  # noqa: E731
+            detail.add_row(r.scenario, str(r.concurrency), f"{ms(r.ttft, 'median')}/{ms(r.ttft, 'p90')}/{ms(r.ttft, 'p99')}",
+                           f"{r.tpot.get('median', 0) * 1000:.1f}", f"{ms(r.itl, 'median')}/{ms(r.itl, 'p99')}",
+                           f"{r.e2el.get('median', 0):.2f}", f"{r.decode_tps.get('median', 0):.1f}",
+                           f"{r.output_tps:.1f}", f"{r.req_per_s:.2f}", str(r.failures), r.tokens_from)
+        out.print(detail)
+        for r in run.results:
+            for e in r.errors:
+                out.print(f"  [red]{r.scenario} x{r.concurrency}[/]: {e}", markup=True)
+    size = model_bytes
+    if model_file is not None:
+        from kit import modelinfo
+
+        size = float(modelinfo.read(model_file).weights_bytes)
+    if size:
+        from kit.plan import gpu_table
+
+        gpus = gpu_table()["gpus"]
+        if gpu not in gpus:
+            raise KitError("--gpu", f"unknown GPU {gpu!r}", f"use one of {', '.join(gpus)}")
+        limit = bencher.roofline(size, gpus[gpu]["bandwidth_gbs"], parallel_gpus)
+        for run in runs:
+            single = [r.decode_tps.get("median", 0) for r in run.results if r.concurrency == 1 and r.decode_tps]
+            if single:
+                best = max(single)
+                out.print(f"roofline {run.url}: {best:.1f} tok/s single-stream = {100 * best / limit:.0f}% of the "
+                          f"{limit:.1f} tok/s bandwidth limit ({gpus[gpu]['bandwidth_gbs']} GB/s x {parallel_gpus} / "
+                          f"{size / 1e9:.1f} GB)")
+    if json_out:
+        json_out.write_text(bencher.to_json(runs), encoding="utf-8")
+        out.print(f"raw samples: {json_out}")
+    if plot_out:
+        bencher.plot(runs, plot_out)
+        out.print(f"plot: {plot_out}")
+    if any(r.failures for run in runs for r in run.results):
+        raise CheckFailed("some requests failed (counted above)")
+
+
 def main() -> None:
     try:
         code = app(standalone_mode=False)

@@ -1,0 +1,338 @@
+"""``kit bench``: the seeds' speed table for any OpenAI-compatible endpoint, measured the same way every time.
+
+Streaming chat completions from worker threads (requests); per request: TTFT, every inter-chunk gap (ITL), E2EL,
+output tokens (from ``usage`` when the server sends it, else counted content chunks - the report says which),
+TPOT = (E2EL - TTFT) / (tokens - 1), decode tok/s = (tokens - 1) / (E2EL - TTFT). Metric names follow vLLM's
+``bench serve``. Timeouts, HTTP errors and disconnects are counted as failures, never raised.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import requests
+import urllib3
+import yaml
+
+from kit import paths
+from kit.errors import KitError
+
+
+@lru_cache(maxsize=1)
+def scenarios() -> dict[str, Any]:
+    return yaml.safe_load((paths.images_dir() / "bench.yaml").read_text(encoding="utf-8"))
+
+
+@dataclass
+class Sample:
+    scenario: str
+    concurrency: int
+    ok: bool
+    error: str = ""
+    ttft: float = 0.0
+    e2el: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    chunks: int = 0
+    tokens_from: str = "chunks"  # usage | chunks
+    server_timings: dict[str, Any] | None = None
+    started: float = 0.0
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.e2el - self.ttft) / (self.output_tokens - 1) if self.ok and self.output_tokens > 1 else None
+
+    @property
+    def decode_tps(self) -> float | None:
+        return (self.output_tokens - 1) / (self.e2el - self.ttft) if self.tpot else None
+
+
+class Client:
+    def __init__(self, url: str, api_key: str | None, model: str | None, timeout_s: float) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise KitError("--url", f"{url!r} is not an http(s) URL", "write it like http://127.0.0.1:8080")
+        self.base = url.rstrip("/").removesuffix("/v1")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.model = model
+        self.timeout_s = timeout_s
+        self.local = threading.local()
+
+    def session(self) -> requests.Session:
+        if not hasattr(self.local, "session"):
+            self.local.session = requests.Session()
+        return self.local.session
+
+    def probe(self) -> str:
+        """Fail fast with one line when nothing answers; learn the model name if none was given."""
+        try:
+            reply = self.session().get(f"{self.base}/v1/models", headers=self.headers, timeout=10)
+        except requests.RequestException as exc:
+            raise KitError("--url", f"nothing answers at {self.base} ({exc.__class__.__name__})",
+                           "start the server or fix the URL") from None
+        if reply.status_code == 401:
+            raise KitError("--api-key", f"{self.base} refused the key (401)", "pass the key from .env with --api-key")
+        if not self.model:
+            try:
+                self.model = reply.json()["data"][0]["id"]
+            except (ValueError, KeyError, IndexError, TypeError):
+                self.model = "default"
+        return self.model or "default"
+
+    def one(self, scenario: str, concurrency: int, prompt: str, max_tokens: int, seed: int) -> Sample:
+        sample = Sample(scenario, concurrency, ok=False)
+        body = {
+            "model": self.model or "default", "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "seed": seed, "ignore_eos": True,
+        }
+        start = sample.started = time.perf_counter()
+        last = None
+        try:
+            with self.session().post(f"{self.base}/v1/chat/completions", json=body, headers=self.headers,
+                                     stream=True, timeout=self.timeout_s) as reply:
+                if reply.status_code != 200:
+                    sample.error = f"HTTP {reply.status_code}: {reply.text[:120]}"
+                    return sample
+                done = False
+                for line in _sse_lines(reply):
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    event = json.loads(payload)
+                    if "error" in event:
+                        sample.error = f"server error: {str(event['error'])[:120]}"
+                        return sample
+                    now = time.perf_counter()
+                    if event.get("usage"):
+                        sample.output_tokens = int(event["usage"].get("completion_tokens") or 0)
+                        sample.tokens_from = "usage"
+                    if event.get("timings"):
+                        sample.server_timings = event["timings"]
+                    for choice in event.get("choices") or []:
+                        delta = choice.get("delta") or {}
+                        if delta.get("content") or delta.get("reasoning_content"):
+                            if last is None:
+                                sample.ttft = now - start
+                            else:
+                                sample.itl.append(now - last)
+                            last = now
+                            sample.chunks += 1
+                if not done:
+                    sample.error = "disconnected: the stream ended before [DONE]"
+                    return sample
+                sample.e2el = time.perf_counter() - start
+        except (requests.Timeout, urllib3.exceptions.ReadTimeoutError, TimeoutError):
+            sample.error = f"timeout after {self.timeout_s:.0f}s"
+            return sample
+        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError,
+                http.client.HTTPException, OSError) as exc:
+            sample.error = f"disconnected: {exc.__class__.__name__}"
+            return sample
+        except ValueError as exc:
+            sample.error = f"bad stream: {exc}"
+            return sample
+        if sample.tokens_from == "chunks":
+            sample.output_tokens = sample.chunks
+        sample.ok = sample.chunks > 0
+        if not sample.ok:
+            sample.error = "no tokens streamed"
+        return sample
+
+
+def _sse_lines(reply: requests.Response):
+    """Lines of an SSE stream as bytes arrive (read1: no waiting for a buffer to fill, chunked or not)."""
+    raw = reply.raw
+    buffer = b""
+    while True:
+        data = raw.read1(65536) if hasattr(raw, "read1") else raw.read(1024)
+        if not data:
+            break
+        buffer += data
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r")
+    if buffer:
+        yield buffer
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def pct(p: float) -> float:
+        k = (len(ordered) - 1) * p
+        lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+    return {"mean": statistics.fmean(ordered), "median": pct(0.5), "p90": pct(0.9), "p99": pct(0.99),
+            "std": statistics.pstdev(ordered)}
+
+
+@dataclass
+class Result:
+    scenario: str
+    concurrency: int
+    requests: int
+    failures: int
+    wall_s: float
+    ttft: dict[str, float]
+    tpot: dict[str, float]
+    itl: dict[str, float]
+    e2el: dict[str, float]
+    decode_tps: dict[str, float]
+    output_tps: float
+    req_per_s: float
+    tokens_from: str
+    errors: list[str]
+    server_decode_tps: float | None = None
+
+
+def summarize(samples: list[Sample], wall_s: float) -> Result:
+    ok = [s for s in samples if s.ok]
+    sources = {s.tokens_from for s in ok}
+    server = [s.server_timings.get("predicted_per_second") for s in ok
+              if s.server_timings and s.server_timings.get("predicted_per_second")]
+    return Result(
+        scenario=samples[0].scenario, concurrency=samples[0].concurrency, requests=len(samples),
+        failures=len(samples) - len(ok), wall_s=wall_s,
+        ttft=percentiles([s.ttft for s in ok]), tpot=percentiles([s.tpot for s in ok if s.tpot is not None]),
+        itl=percentiles([gap for s in ok for gap in s.itl]), e2el=percentiles([s.e2el for s in ok]),
+        decode_tps=percentiles([s.decode_tps for s in ok if s.decode_tps]),
+        output_tps=sum(s.output_tokens for s in ok) / wall_s if wall_s else 0.0,
+        req_per_s=len(ok) / wall_s if wall_s else 0.0,
+        tokens_from="usage" if sources == {"usage"} else ("chunks" if sources == {"chunks"} else "mixed"),
+        errors=sorted({s.error for s in samples if not s.ok})[:5],
+        server_decode_tps=statistics.fmean(server) if server else None,
+    )
+
+
+@dataclass
+class Run:
+    url: str
+    model: str
+    results: list[Result] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def prompts_for(name: str, count: int, seed: int, salt: str = "") -> list[str]:
+    rng = random.Random(f"{seed}-{name}-{salt}")
+    pool = scenarios()["scenarios"][name]["prompts"]
+    return [rng.choice(pool) for _ in range(count)]
+
+
+def run(url: str, *, api_key: str | None = None, model: str | None = None, names: list[str] | None = None,
+        concurrency: list[int] | None = None, requests_per: int | None = None, warmup: int = 1,
+        timeout_s: float = 300, echo: Callable[[str], None] = lambda _l: None) -> Run:
+    table = scenarios()
+    names = names or list(table["scenarios"])
+    unknown = [n for n in names if n not in table["scenarios"]]
+    if unknown:
+        raise KitError("--scenarios", f"unknown scenario {unknown[0]!r}", f"use {', '.join(table['scenarios'])}")
+    client = Client(url, api_key, model, timeout_s)
+    result = Run(url=client.base, model=client.probe())
+    seed = int(table["seed"])
+    first = client.one("preflight", 1, "Say OK.", 1, seed)
+    if first.error.startswith("HTTP 401"):
+        raise KitError("--api-key", f"{client.base} refused the key (401)", "pass the key from .env with --api-key")
+    if first.error.startswith("HTTP 404"):
+        raise KitError("--url", f"{client.base} has no /v1/chat/completions (404)", "point --url at the server root")
+    try:
+        for name in names:
+            max_tokens = int(table["scenarios"][name]["max_tokens"])
+            for _ in range(warmup):
+                client.one(name, 1, prompts_for(name, 1, seed)[0], max_tokens, seed)
+            for c in concurrency or [1, 4]:
+                count = requests_per or max(c, 4)
+                prompts = prompts_for(name, count, seed, salt=str(c))
+                start = time.perf_counter()
+                with ThreadPoolExecutor(max_workers=c) as pool:
+                    samples = list(pool.map(lambda p: client.one(name, c, p, max_tokens, seed), prompts))
+                wall = time.perf_counter() - start
+                result.samples += samples
+                summary = summarize(samples, wall)
+                result.results.append(summary)
+                echo(f"{name:6s} x{c}: {summary.output_tps:7.1f} tok/s total, "
+                     f"{summary.decode_tps.get('median', 0):6.1f} tok/s per request, {summary.failures} failed")
+    except KeyboardInterrupt:
+        result.interrupted = True
+    return result
+
+
+def roofline(model_bytes: float, bandwidth_gbs: float, parallel_gpus: int = 1) -> float:
+    """Decode tok/s if every token reads all weights once at full memory bandwidth."""
+    return bandwidth_gbs * 1e9 * parallel_gpus / model_bytes
+
+
+def to_json(runs: list[Run]) -> str:
+    def sample_dict(s: Sample) -> dict[str, Any]:
+        d = asdict(s)
+        d.update(tpot=s.tpot, decode_tps=s.decode_tps)
+        return d
+
+    return json.dumps([{"url": r.url, "model": r.model, "interrupted": r.interrupted,
+                        "results": [asdict(x) for x in r.results],
+                        "samples": [sample_dict(s) for s in r.samples]} for r in runs], indent=2)
+
+
+def table_rows(runs: list[Run]) -> list[list[str]]:
+    """The seeds' layout: short / medium / long (single-stream decode tok/s), then 'N concurrent total'."""
+    rows: list[list[str]] = []
+    names = [n for n in scenarios()["scenarios"] if any(r.scenario == n for run in runs for r in run.results)]
+    for name in names:
+        row = [name]
+        for run in runs:
+            single = next((r for r in run.results if r.scenario == name and r.concurrency == 1), None)
+            row.append(f"{single.decode_tps['median']:.1f} t/s" if single and single.decode_tps else "-")
+        rows.append(row)
+    levels = sorted({r.concurrency for run in runs for r in run.results if r.concurrency > 1})
+    for c in levels:
+        row = [f"{c} concurrent total"]
+        for run in runs:
+            hits = [r.output_tps for r in run.results if r.concurrency == c]
+            row.append(f"{min(hits):.0f}-{max(hits):.0f} t/s" if len(hits) > 1 else
+                       (f"{hits[0]:.0f} t/s" if hits else "-"))
+        rows.append(row)
+    return rows
+
+
+def plot(runs: list[Run], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    labels = sorted({(r.scenario, r.concurrency) for run in runs for r in run.results},
+                    key=lambda k: (list(scenarios()["scenarios"]).index(k[0]), k[1]))
+    width = 0.8 / max(1, len(runs))
+    for i, run in enumerate(runs):
+        values = []
+        for scenario, c in labels:
+            hit = next((r for r in run.results if r.scenario == scenario and r.concurrency == c), None)
+            values.append(hit.output_tps if hit else 0)
+        ax.bar([x + i * width for x in range(len(labels))], values, width, label=run.url)
+    ax.set_xticks([x + width * (len(runs) - 1) / 2 for x in range(len(labels))])
+    ax.set_xticklabels([f"{s}\nx{c}" for s, c in labels])
+    ax.set_ylabel("output tok/s (total)")
+    ax.set_title("kit bench")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
