@@ -253,25 +253,38 @@ def run(url: str, *, api_key: str | None = None, model: str | None = None, names
         raise KitError("--api-key", f"{client.base} refused the key (401)", "pass the key from .env with --api-key")
     if first.error.startswith("HTTP 404"):
         raise KitError("--url", f"{client.base} has no /v1/chat/completions (404)", "point --url at the server root")
-    try:
-        for name in names:
-            max_tokens = int(table["scenarios"][name]["max_tokens"])
+    for name in names:
+        max_tokens = int(table["scenarios"][name]["max_tokens"])
+        try:
             for _ in range(warmup):
                 client.one(name, 1, prompts_for(name, 1, seed)[0], max_tokens, seed)
-            for c in concurrency or [1, 4]:
-                count = requests_per or max(c, 4)
-                prompts = prompts_for(name, count, seed, salt=str(c))
-                start = time.perf_counter()
-                with ThreadPoolExecutor(max_workers=c) as pool:
-                    samples = list(pool.map(lambda p: client.one(name, c, p, max_tokens, seed), prompts))
-                wall = time.perf_counter() - start
+        except KeyboardInterrupt:
+            result.interrupted = True
+            return result
+        for c in concurrency or [1, 4]:
+            count = requests_per or max(c, 4)
+            prompts = prompts_for(name, count, seed, salt=str(c))
+            start = time.perf_counter()
+            pool = ThreadPoolExecutor(max_workers=c)
+            futures = [pool.submit(client.one, name, c, p, max_tokens, seed) for p in prompts]
+            try:
+                samples = [f.result() for f in futures]
+            except KeyboardInterrupt:
+                # Ctrl-C: keep what finished, drop what did not start, report it
+                pool.shutdown(wait=False, cancel_futures=True)
+                samples = [f.result() for f in futures if f.done() and not f.cancelled() and f.exception() is None]
+                result.interrupted = True
+            else:
+                pool.shutdown()
+            wall = time.perf_counter() - start
+            if samples:
                 result.samples += samples
                 summary = summarize(samples, wall)
                 result.results.append(summary)
                 echo(f"{name:6s} x{c}: {summary.output_tps:7.1f} tok/s total, "
                      f"{summary.decode_tps.get('median', 0):6.1f} tok/s per request, {summary.failures} failed")
-    except KeyboardInterrupt:
-        result.interrupted = True
+            if result.interrupted:
+                return result
     return result
 
 

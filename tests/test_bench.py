@@ -124,3 +124,19 @@ def test_against_real_llama_server(cpu_image, tiny_gguf, docker_ready):
     # our client-side decode rate agrees with the server's own predicted_per_second
     assert medium.server_decode_tps and abs(medium.decode_tps["median"] - medium.server_decode_tps) \
         <= 0.35 * medium.server_decode_tps, (medium.decode_tps, medium.server_decode_tps)
+
+
+def test_ctrl_c_prints_what_was_measured(tmp_path):
+    import signal
+    import time as _time
+
+    with StreamServer(ttft_s=0.01, token_s=0.02) as server:
+        proc = subprocess.Popen([sys.executable, "-m", "kit", "bench", "--url", server.url, "--scenarios", "short",
+                                 "--concurrency", "1", "--requests", "50", "--warmup", "0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+        _time.sleep(6)  # start-up, preflight, then a few 1.3 s requests
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert "interrupted: showing what was measured" in out, out + err
+    assert "short" in out and "t/s" in out
