@@ -319,6 +319,7 @@ def plan(
     engine: Optional[str] = typer.Option(None, "--engine", help="Plan for this engine (default: stack.primary)."),
     ctx: Optional[int] = typer.Option(None, "--ctx", help="Context to plan (default: model.ctx)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    stack: bool = typer.Option(False, "--stack", help="Primary and fallback together on the same GPUs."),
 ) -> None:
     """Will it fit? Per-GPU weights, KV cache, compute and overhead; the largest context; the cheapest fix."""
     import json as jsonlib
@@ -327,6 +328,24 @@ def plan(
     from kit import plan as planner
 
     config = rules.load_valid(str(config_path) if config_path else None)
+    if stack:
+        models = {n: modelinfo.read(planner.model_path(config, n, None)) for n in config.engine_names()}
+        together = planner.plan_stack(config, models)
+        gib = planner.GIB
+        table = Table("GPU", *[f"{p.engine} (GiB)" for p in together.plans], "together", "of", "fits",
+                      title="the stack on shared GPUs")
+        for i in range(together.gpu_count):
+            used = together.used(i)
+            table.add_row(str(i), *[f"{planner._reserved(p, i) / gib:.2f}" for p in together.plans],
+                          f"{used / gib:.2f}", f"{together.total / gib:.1f}",
+                          "[green]yes[/]" if used <= together.total else "[bold red]no[/]")
+        if as_json:
+            print(jsonlib.dumps({"fits": together.fits, "plans": [p.as_dict() for p in together.plans]}, indent=2))
+        else:
+            out.print(table)
+        if not together.fits:
+            raise CheckFailed(f"the stack does not fit together: {together.fix(config)}")
+        return
     name = engine or config.stack.primary
     info = modelinfo.read(planner.model_path(config, name, model_file))
     result = planner.make_plan(config, info, name, ctx)

@@ -248,3 +248,51 @@ def auto_ctx(config: StackConfig, engine: str) -> int:
         raise KitError("model.ctx", f"{path.name} does not fit {config.hardware.gpus} GPU(s) at any context",
                        "run `kit plan` for the numbers and the cheapest fix")
     return best // CTX_STEP * CTX_STEP
+
+
+@dataclass
+class StackPlan:
+    """Primary and fallback on the same GPUs: what each takes per GPU, and whether the sum fits."""
+
+    plans: list[Plan]
+    total: int
+
+    def used(self, index: int) -> int:
+        return sum(_reserved(p, index) for p in self.plans)
+
+    @property
+    def gpu_count(self) -> int:
+        return max((len(p.gpus) for p in self.plans), default=0)
+
+    @property
+    def fits(self) -> bool:
+        return all(self.used(i) <= self.total for i in range(self.gpu_count))
+
+    def fix(self, config: StackConfig) -> str:
+        """Lower a tensor-parallel engine's reservation so both fit, or say one of them must go."""
+        others = {p.engine: max(_reserved(p, i) for i in range(len(p.gpus))) for p in self.plans}
+        for p in self.plans:
+            if p.kv_tokens is None:
+                continue
+            room = self.total - sum(v for k, v in others.items() if k != p.engine)
+            need = max(g.weights + g.overhead for g in p.gpus) + p.ctx * _kv_per_token(p)
+            if room >= need:
+                return (f"set engines.{p.engine}.gpu_memory_utilization: {room / self.total:.2f} "
+                        f"(it reserves that share of every GPU, leaving room for {', '.join(k for k in others if k != p.engine)})")
+        return "the two engines do not fit together: drop stack.fallback, or give each engine its own GPUs"
+
+
+def _reserved(p: Plan, index: int) -> int:
+    if index >= len(p.gpus):
+        return 0
+    return p.gpus[index].used
+
+
+def _kv_per_token(p: Plan) -> float:
+    m = p.model
+    return 2 * m["n_layer"] * (m["n_head_kv"] / max(1, len(p.gpus))) * m["head_dim"] * 2
+
+
+def plan_stack(config: StackConfig, models: dict[str, ModelInfo]) -> StackPlan:
+    plans = [make_plan(config, models[name], name) for name in config.engine_names()]
+    return StackPlan(plans, int(config.hardware.memory_gib * GIB))

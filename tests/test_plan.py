@@ -164,3 +164,35 @@ def test_not_a_gguf(tmp_path):
     bad.write_bytes(b"nope")
     with pytest.raises(KitError):
         modelinfo.read(bad)
+
+
+def _hf_model(folder, total_bytes):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 64, "hidden_size": 5120, "num_attention_heads": 40,
+        "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 21504, "vocab_size": 151936,
+        "max_position_embeddings": 40960}))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total_bytes}}))
+
+
+@pytest.mark.parametrize("preset,memory,util,expect", [
+    ("ninfer-primary", 16, 0.9, "do not fit together"),
+    ("ninfer-primary", 32, 0.9, "set engines.ninfer.gpu_memory_utilization: 0.70"),
+    ("ninfer-primary", 32, 0.7, None),
+])
+def test_stack_plan_primary_and_fallback_share_gpus(tmp_path, preset, memory, util, expect):
+    """The seeds' final setup: NInfer reserves gpu_memory_utilization of every GPU, llama.cpp needs its share too."""
+    _hf_model(tmp_path / "Qwen3.8-27B-NF4", 15 * 10**9)
+    write_sparse_27b(tmp_path / "Qwen3.8-27B-IQ4_XS.gguf")
+    cfg_file = tmp_path / "kit.yaml"
+    cfg_file.write_text(yaml.safe_dump({"preset": preset, "model": {"dir": str(tmp_path)},
+                                        "hardware": {"memory_gib": memory},
+                                        "engines": {"ninfer": {"gpu_memory_utilization": util}}}))
+    result = subprocess.run([sys.executable, "-m", "kit", "plan", "--stack", "-c", str(cfg_file)],
+                            capture_output=True, text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    if expect is None:
+        assert result.returncode == 0, result.stdout + result.stderr
+    else:
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert expect in result.stderr
+    assert "together" in result.stdout
