@@ -61,8 +61,9 @@ class Hardware(Section):
 
 class Cuda(Section):
     version: str = Field("12.9.1", description="CUDA toolkit; 12.9.1 is the newest that compiles sm_70.")
-    source: Literal["image", "wheels"] = Field(
-        "image", description="image: nvidia/cuda devel/runtime images; wheels: CUDA from PyPI on a plain Debian base."
+    source: Literal["image", "wheels", "debian"] = Field(
+        "image", description="image: nvidia/cuda devel/runtime images; wheels: CUDA from PyPI on a plain Debian base; "
+        "debian: Debian's non-free CUDA 11.8 toolkit (offline route to sm_70 binaries)."
     )
     os: str = Field("ubuntu22.04", description="OS suffix of the nvidia/cuda image tags.")
 

@@ -19,6 +19,13 @@ from kit.versions import major_minor
 CUDA_BUILDER_WHEELS = ["nvidia-cuda-nvcc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12", "nvidia-cuda-cccl-cu12"]
 CUDA_RUNTIME_WHEELS = ["nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12"]
 DEBIAN_BASE = "debian:bookworm-slim"
+# cuda.source: debian - Debian bookworm's non-free CUDA 11.8 toolkit, which still compiles sm_70 with no NVIDIA
+# registry at all. Its nvcc needs g++ <= 11 as host compiler (the package brings g++-11).
+DEBIAN_CUDA = {
+    "builder_packages": ["nvidia-cuda-toolkit"],
+    "runtime_packages": ["libcudart11.0", "libcublas11"],
+    "cmake": {"CMAKE_CUDA_HOST_COMPILER": "g++-11"},
+}
 PIP_PACKAGES = ["python3", "python3-pip"]
 USER = {"name": "kit", "uid": 10001, "home": "/home/kit"}
 
@@ -84,6 +91,7 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
     gpu = flavor.gpu
     arch_list = _archs(config) if gpu else []
     wheels = gpu and config.cuda.source == "wheels"
+    debian_cuda = gpu and config.cuda.source == "debian"
     pip_nccl = gpu and config.nccl.source == "pip"
     cuda_version = engine_cuda_version(config, name)
     cuda_pin = f"=={major_minor(cuda_version)}.*"
@@ -96,9 +104,11 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
         cmake_flags["CMAKE_CUDA_ARCHITECTURES"] = f'"{archs.cmake(arch_list)}"'
         if nccl and nccl["source"] == "pip":
             cmake_flags["NCCL_ROOT"] = nccl["pip_root"]
+        if debian_cuda:
+            cmake_flags.update(DEBIAN_CUDA["cmake"])
 
-    build_packages = list(engine.build.packages)
-    runtime_packages = list(engine.runtime.packages)
+    build_packages = list(engine.build.packages) + (DEBIAN_CUDA["builder_packages"] if debian_cuda else [])
+    runtime_packages = list(engine.runtime.packages) + (DEBIAN_CUDA["runtime_packages"] if debian_cuda else [])
     if wheels or pip_nccl or engine.recipe != "cmake":
         build_packages += [p for p in PIP_PACKAGES if p not in build_packages]
     if wheels or pip_nccl:
@@ -154,6 +164,7 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
         "build_packages": build_packages,
         "runtime_packages": runtime_packages,
         "mirrors": {"apt": config.mirrors.apt, "pip_index": config.mirrors.pip_index, "ca_bundle": ca_bundle},
+        "debian_nonfree": debian_cuda,
         "torch": {
             "version": settings.get("torch", ""),
             "variant": settings.get("torch_variant", ""),

@@ -21,6 +21,8 @@ CASES: dict[str, dict[str, Any]] = {
     "cpu": {"preset": "cpu"},
     "ninfer-primary": {"preset": "ninfer-primary"},
     "vllm-dual-v100": {"preset": "dual-v100-nvlink", "stack": {"primary": "vllm"}},
+    "debian-cuda-11-8": {"preset": "dual-v100-nvlink", "cuda": {"source": "debian", "version": "11.8.0"},
+                         "nccl": {"source": "pip"}},
     "wheels-pip-nccl": {"preset": "dual-v100-nvlink", "cuda": {"source": "wheels"}, "nccl": {"source": "pip"},
                         "mirrors": {"apt": "http://mirrors.example.cn", "pip_index": "https://pypi.example.cn/simple"}},
 }

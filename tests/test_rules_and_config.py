@@ -63,6 +63,11 @@ RULE_CASES = {
         {"cuda": {"source": "wheels", "version": "11.8.0"}, "nccl": {"source": "pip"}},
         "cuda.version: CUDA 11.8.0 has no cu12 wheels on PyPI; use a 12.x version with cuda.source: wheels",
     ),
+    "debian-cuda-is-11-8": (
+        {"cuda": {"source": "debian", "version": "12.9.1"}, "nccl": {"source": "pip"}},
+        "cuda.version: Debian bookworm's non-free toolkit is CUDA 11.8, not 12.9.1; "
+        "set cuda.version: 11.8.0 with cuda.source: debian",
+    ),
     "nccl-cu12-only-on-volta": (
         {"nccl": {"version": "3.0.1"}},
         "nccl.version: NCCL 3.0.1 is not a CUDA 12 release; pin a 2.x NCCL such as 2.27.3",
