@@ -232,6 +232,9 @@ def runs(ins: Inspection) -> tuple[str, str]:
         return "fail", "nothing to run"
     result = ins.host.run("timeout 60 " + " ".join(shlex.quote(c) for c in cmd))
     text = (result.stdout + result.stderr).strip()
+    driver_lib = next((lib for lib in HOST_DRIVER_LIBS if lib in text), None)
+    if result.rc != 0 and driver_lib:
+        return "skip", f"needs {driver_lib} from the NVIDIA driver to start; run `kit verify` on the GPU host"
     if result.rc != 0 or not text:
         return "fail", f"`{' '.join(cmd)}` exited {result.rc}: {text[-200:]}"
     return "ok", f"`{' '.join(cmd)}`: {text.splitlines()[0][:100]}"

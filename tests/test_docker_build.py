@@ -182,3 +182,46 @@ def test_doctor_compares_running_nccl_with_the_manifest(cuda_stage_images, docke
         assert checks[f"{container.name}-nccl-env"].status == "ok"
     finally:
         container.remove(force=True)
+
+
+@pytest.fixture(scope="session")
+def sm70_image(base_image, llama_source):
+    """llama.cpp's cuda flavor, compiled for sm_70 only with GGML_CUDA_NCCL against the pinned NCCL."""
+    config = cfg.load(FIXTURES / "debian-cuda-ci.yaml")
+    rules.validate(config)
+    return build.build_engine(config, "llama.cpp", source=llama_source)
+
+
+def test_sm70_image_has_only_sm70_code_and_the_pinned_nccl(sm70_image):
+    results = by_name(verify.verify(sm70_image.tag))
+    assert results["cuda-arch"].status == "ok", results["cuda-arch"].detail
+    assert "sm [70] only" in results["cuda-arch"].detail
+    assert results["nccl-runtime"].status == "ok" and "2.27.3" in results["nccl-runtime"].detail
+    assert results["nccl-builder"].status == "ok"
+    assert results["libs"].status == "ok" and "libcuda.so.1" in results["libs"].detail
+    assert results["entrypoint"].status == "ok"
+    assert results["runs"].status == "skip" and "libcuda.so.1" in results["runs"].detail  # no driver here
+    for name in ("user", "healthcheck", "secrets"):
+        assert results[name].status == "ok", (name, results[name].detail)
+    assert sm70_image.labels["io.kit.archs"] == "70" and sm70_image.labels["io.kit.nccl"] == "2.27.3"
+
+
+def test_fatbin_reader_agrees_with_cuobjdump_on_the_real_library(sm70_image, docker_ready, tmp_path):
+    import io
+    import tarfile
+
+    from kit import fatbin
+    from tests.test_fatbin import NVCC, cuobjdump
+
+    real = docker_ready.containers.run(sm70_image.tag, entrypoint=["readlink", "-f", "/app/libggml-cuda.so"],
+                                       command=[], remove=True).decode().strip()
+    container = docker_ready.containers.create(sm70_image.tag)
+    try:
+        stream, _ = container.get_archive(real)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            (tmp_path / "lib.so").write_bytes(tar.extractfile(tar.getmembers()[0]).read())
+    finally:
+        container.remove(force=True)
+    assert fatbin.archs(tmp_path / "lib.so") == {"sass": [70], "ptx": []}
+    if NVCC:
+        assert cuobjdump(tmp_path / "lib.so") == {"sass": [70], "ptx": []}
