@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext as _nullcontext
 from pathlib import Path
 from typing import Optional
 
@@ -133,9 +134,16 @@ def build(
     names = engines_ or config.engine_names()
     results = []
     for name in names:
-        result = builder.build_engine(config, name, source=source, target=target, no_cache=no_cache, push=push,
-                                      tag=tag, echo=lambda line: out.print(line, markup=False, highlight=False, soft_wrap=True),
-                                      verbose=verbose)
+        # on a terminal, a live line shows the current step and the elapsed time; step lines scroll above it
+        with err.status(f"building {name}") if out.is_terminal else _nullcontext() as status:
+
+            def echo(line: str, status=status) -> None:
+                out.print(line, markup=False, highlight=False, soft_wrap=True)
+                if status is not None:
+                    status.update(f"{name}: {line[:100]}")
+
+            result = builder.build_engine(config, name, source=source, target=target, no_cache=no_cache, push=push,
+                                          tag=tag, echo=echo, verbose=verbose)
         results.append(result)
     from kit.services import FRONT_DOOR, services
 
