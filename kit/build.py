@@ -180,9 +180,7 @@ def build_front_door(config: StackConfig, *, no_cache: bool = False, echo: Calla
     tag = front_door_image(config)
     with tempfile.TemporaryDirectory(prefix="kit-build-") as tmp:
         ctx = Path(tmp) / "context"
-        files = {rel.removeprefix("images/front-door/"): content for rel, content in compose.files(config).items()
-                 if rel.startswith("images/front-door/")}
-        render.write_tree(ctx, files)
+        render.write_tree(ctx, compose.front_door_image_files(config))
         echo(f"building {tag}")
         run_build(ctx, tag, no_cache=no_cache, echo=echo)
     image = dockerhost.client().images.get(tag)

@@ -21,6 +21,28 @@ err = Console(stderr=True)
 ConfigOpt = typer.Option(None, "--config", "-c", help="Stack config (kit.yaml); default: the dual-V100 NVLink stack.")
 
 
+def _config(path: Optional[Path]):
+    """The validated stack config every verb starts from; no path = the dual-V100 NVLink defaults."""
+    from kit import rules
+
+    return rules.load_valid(str(path) if path else None)
+
+
+def _echo(line: str) -> None:
+    out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+STATUS_COLORS = {"ok": "green", "warn": "yellow", "skip": "yellow", "fail": "bold red"}
+
+
+def _status_table(title: str, rows: list[tuple[str, str, str]]) -> Table:
+    """check / result / detail, colored by result (kit verify, kit doctor)."""
+    table = Table("check", "result", "detail", title=title)
+    for name, status, detail in rows:
+        table.add_row(name, f"[{STATUS_COLORS[status]}]{status}[/]", detail)
+    return table
+
+
 def _version(value: bool) -> None:
     if value:
         out.print(f"kit {__version__}")
@@ -90,9 +112,8 @@ def render(
 ) -> None:
     """Render Dockerfiles (and compose, 1Panel apps) for the stack. Needs no GPU and no Docker."""
     from kit import render as renderer
-    from kit import rules
 
-    config = rules.load_valid(str(config_path) if config_path else None)
+    config = _config(config_path)
     written = renderer.render_stack(config, output)
     for rel in written:
         out.print(f"  {output / rel}")
@@ -128,9 +149,8 @@ def build(
 ) -> None:
     """Build engine images with the Docker SDK; stream progress; write a JSON report."""
     from kit import build as builder
-    from kit import rules
 
-    config = rules.load_valid(str(config_path) if config_path else None)
+    config = _config(config_path)
     names = engines_ or config.engine_names()
     results = []
     for name in names:
@@ -149,7 +169,7 @@ def build(
 
     if not engines_ and target == "runtime" and any(s.role == FRONT_DOOR for s in services(config)):
         results.append(builder.build_front_door(config, no_cache=no_cache,
-                                                echo=lambda line: out.print(line, markup=False, soft_wrap=True)))
+                                                echo=_echo))
     builder.write_report(results, report)
     table = Table("image", "id", "size", "time", "NCCL", "archs")
     for r in results:
@@ -172,11 +192,7 @@ def verify(
     if as_json:
         print(verifier.as_json(results))
     else:
-        colors = {"ok": "green", "fail": "bold red", "skip": "yellow"}
-        table = Table("check", "result", "detail", title=f"kit verify {image}")
-        for r in results:
-            table.add_row(r.name, f"[{colors[r.status]}]{r.status}[/]", r.detail)
-        out.print(table)
+        out.print(_status_table(f"kit verify {image}", [(r.name, r.status, r.detail) for r in results]))
     failed = [r.name for r in results if r.status == "fail"]
     if failed:
         raise CheckFailed(f"{len(failed)} check(s) failed: {', '.join(failed)}")
@@ -193,10 +209,9 @@ def deploy(
 ) -> None:
     """Render, compose up, wait until healthy, send one chat completion, print the endpoint."""
     from kit import deploy as deployer
-    from kit import rules
 
-    config = rules.load_valid(str(config_path) if config_path else None)
-    url = deployer.deploy(config, output, timeout, echo=lambda line: out.print(line, markup=False, soft_wrap=True))
+    config = _config(config_path)
+    url = deployer.deploy(config, output, timeout, echo=_echo)
     out.print(f"[bold green]ready[/]: {url}/v1 (API key in {output / '.env'})")
 
 
@@ -204,9 +219,8 @@ def deploy(
 def status(config_path: Optional[Path] = ConfigOpt) -> None:
     """The stack's containers and their health."""
     from kit import deploy as deployer
-    from kit import rules
 
-    config = rules.load_valid(str(config_path) if config_path else None)
+    config = _config(config_path)
     rows = deployer.status(config)
     table = Table("service", "role", "state", "container", "image")
     for r in rows:
@@ -262,10 +276,9 @@ def panel_export(
 ) -> None:
     """Write one 1Panel local app per engine, checked against the validator's rules."""
     from kit import render as renderer
-    from kit import rules
     from kit.panel import check, export
 
-    config = rules.load_valid(str(config_path) if config_path else None)
+    config = _config(config_path)
     files = export.export_files(config, engine or None)
     renderer.write_tree(output, files)
     problems = check.check_store(output)
@@ -316,7 +329,7 @@ def panel_install(
     client = api.PanelClient(url, api_key, api_version)
     result = api.install(client, store / app_name, name or app_name, params, local_dir=local_dir,
                          allow_port=allow_port, timeout_s=timeout,
-                         echo=lambda line: out.print(line, markup=False, soft_wrap=True))
+                         echo=_echo)
     out.print(f"[bold green]{result['status']}[/]: {result.get('name')} (port {result.get('httpPort', '?')})")
 
 
@@ -332,10 +345,10 @@ def plan(
     """Will it fit? Per-GPU weights, KV cache, compute and overhead; the largest context; the cheapest fix."""
     import json as jsonlib
 
-    from kit import modelinfo, rules
+    from kit import modelinfo
     from kit import plan as planner
 
-    config = rules.load_valid(str(config_path) if config_path else None)
+    config = _config(config_path)
     if stack:
         models = {n: modelinfo.read(planner.model_path(config, n, None)) for n in config.engine_names()}
         together = planner.plan_stack(config, models)
@@ -398,11 +411,7 @@ def doctor(
     if as_json:
         print(jsonlib.dumps({"exit_code": report.exit_code, "checks": report.as_dicts()}, indent=2))
     else:
-        colors = {"ok": "green", "warn": "yellow", "fail": "bold red"}
-        table = Table("check", "result", "detail", title="kit doctor")
-        for f in report.findings:
-            table.add_row(f.check, f"[{colors[f.status]}]{f.status}[/]", f.detail)
-        out.print(table)
+        out.print(_status_table("kit doctor", [(f.check, f.status, f.detail) for f in report.findings]))
         if report.no_driver:
             out.print("[bold]no NVIDIA driver here[/]: this machine cannot run the GPU stack (exit code 3)")
     raise typer.Exit(report.exit_code)

@@ -18,7 +18,7 @@ import yaml
 
 from kit import __version__, catalog, paths, serving, templating
 from kit.config import StackConfig
-from kit.services import FRONT_DOOR, Service, front_door_image, services
+from kit.services import FRONT_DOOR, FRONT_DOOR_PORT, Service, front_door_image, services
 
 API_KEY_VAR = "KIT_API_KEY"
 MODEL_DIR_VAR = "KIT_MODEL_DIR"
@@ -41,7 +41,7 @@ def _ports(config: StackConfig, service: Service) -> list[str]:
     return [f"{bind}{service.host_port}:{service.container_port}"]
 
 
-def _logging() -> dict[str, Any]:
+def logging_block() -> dict[str, Any]:
     return {"driver": "json-file", "options": {"max-size": "50m", "max-file": "3"}}
 
 
@@ -50,16 +50,33 @@ def gpu_block(device_ids: list[str]) -> dict[str, Any]:
         {"driver": "nvidia", "device_ids": list(device_ids), "capabilities": ["gpu", "utility"]}]}}}
 
 
+# pinned host memory for CUDA transfers and NCCL; CPU engines need neither
+GPU_ULIMITS = {"memlock": -1, "stack": 67108864}
+
+
+def engine_env(config: StackConfig, name: str, api_key_ref: str | None) -> dict[str, str]:
+    """An engine's environment: NCCL settings for GPU flavors, the catalog's env, the API key as a reference."""
+    engine = catalog.get(name)
+    env: dict[str, str] = {}
+    if engine.flavors[serving.flavor(config, name)].gpu:
+        env.update(nccl_env(config))
+    env.update(serving.environment(config, name))
+    if api_key_ref and engine.serve.api_key_env:
+        env[engine.serve.api_key_env] = api_key_ref
+    return env
+
+
+def healthcheck(config: StackConfig, name: str) -> dict[str, Any]:
+    """The engine's health command with a start period long enough to load the model."""
+    return {"test": ["CMD", *catalog.get(name).health_cmd], "interval": "15s", "timeout": "5s", "retries": 3,
+            "start_period": f"{serving.start_period_s(config)}s"}
+
+
 def engine_service(config: StackConfig, service: Service) -> dict[str, Any]:
     name = service.engine or ""
     engine = catalog.get(name)
     flavor = engine.flavors[serving.flavor(config, name)]
-    env: dict[str, str] = {}
-    if flavor.gpu:
-        env.update(nccl_env(config))
-    env.update(serving.environment(config, name))
-    if config.serve.api_key and engine.serve.api_key_env:
-        env[engine.serve.api_key_env] = f"${{{API_KEY_VAR}}}"
+    env = engine_env(config, name, f"${{{API_KEY_VAR}}}" if config.serve.api_key else None)
     body: dict[str, Any] = {
         "image": service.image,
         "pull_policy": "never" if not config.build.push else "missing",
@@ -70,20 +87,13 @@ def engine_service(config: StackConfig, service: Service) -> dict[str, Any]:
         "ports": _ports(config, service),
         "volumes": [f"${{{MODEL_DIR_VAR}}}:{serving.MODEL_MOUNT}:ro"],
         "ipc": "host",
-        "healthcheck": {
-            "test": ["CMD", *engine.health_cmd],
-            "interval": "15s",
-            "timeout": "5s",
-            "retries": 3,
-            "start_period": f"{serving.start_period_s(config)}s",
-        },
+        "healthcheck": healthcheck(config, name),
         "restart": "unless-stopped",
-        "logging": _logging(),
+        "logging": logging_block(),
         "labels": {"io.kit.role": service.role, "io.kit.engine": name},
     }
     if flavor.gpu:
-        # pinned host memory for CUDA transfers and NCCL; CPU engines need neither
-        body["ulimits"] = {"memlock": -1, "stack": 67108864}
+        body["ulimits"] = dict(GPU_ULIMITS)
         body["deploy"] = gpu_block(config.hardware.device_ids)
     return body
 
@@ -101,7 +111,7 @@ def front_door_service(config: StackConfig, service: Service, engines: list[Serv
         "healthcheck": {"test": ["CMD", "curl", "-fsS", f"http://127.0.0.1:{service.container_port}/kit/health"],
                         "interval": "10s", "timeout": "3s", "retries": 3, "start_period": "10s"},
         "restart": "unless-stopped",
-        "logging": _logging(),
+        "logging": logging_block(),
         "labels": {"io.kit.role": FRONT_DOOR},
     }
 
@@ -166,7 +176,15 @@ def nginx_conf(config: StackConfig) -> str | None:
 def front_door_dockerfile(config: StackConfig) -> str:
     image = config.base.runtime or (config.mirrors.registry + "debian:bookworm-slim")
     return templating.render("dockerfile/front-door.Dockerfile.j2", {
-        "kit_version": __version__, "image": image, "port": 8080, "ca_bundle": bool(config.mirrors.ca_bundle)})
+        "kit_version": __version__, "image": image, "port": FRONT_DOOR_PORT, "ca_bundle": bool(config.mirrors.ca_bundle)})
+
+
+def front_door_image_files(config: StackConfig) -> dict[str, str | Path]:
+    """The front door's build context (Dockerfile, CA bundle), relative to ``images/front-door/``."""
+    files: dict[str, str | Path] = {"Dockerfile": front_door_dockerfile(config)}
+    if config.mirrors.ca_bundle:
+        files["kit/ca.crt"] = Path(config.mirrors.ca_bundle)
+    return files
 
 
 def files(config: StackConfig, out_dir: Path | None = None) -> dict[str, str | Path]:
@@ -176,9 +194,8 @@ def files(config: StackConfig, out_dir: Path | None = None) -> dict[str, str | P
     conf = nginx_conf(config)
     if conf:
         result["front-door/nginx.conf"] = conf
-        result["images/front-door/Dockerfile"] = front_door_dockerfile(config)
-        if config.mirrors.ca_bundle:
-            result["images/front-door/kit/ca.crt"] = Path(config.mirrors.ca_bundle)
+        for rel, content in front_door_image_files(config).items():
+            result[f"images/front-door/{rel}"] = content
     return result
 
 

@@ -57,13 +57,14 @@ def health(container: Any) -> str:
 
 
 def wait_healthy(config: StackConfig, timeout_s: float, echo: Callable[[str], None]) -> None:
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline = start + timeout_s
     last = ""
     while True:
         states = {c.labels.get("com.docker.compose.service", c.name): health(c) for c in containers(config)}
         line = ", ".join(f"{k}: {v}" for k, v in sorted(states.items()))
         if line != last:
-            echo(f"[{time.monotonic() - deadline + timeout_s:5.0f}s] {line}")
+            echo(f"[{time.monotonic() - start:5.0f}s] {line}")
             last = line
         if states and all(v == "healthy" for v in states.values()):
             return

@@ -195,7 +195,11 @@ def check_docker(report: Report, info: dict[str, Any] | None, compose_ok: bool, 
                f"{free:.0f} GiB free in {root}" + ("" if free >= need else f"; CUDA builds need ~{need} GiB"))
 
 
-def check_stack(config: StackConfig, report: Report, out: Path | None) -> None:
+def _nccl_vars(env: list[str] | None) -> dict[str, str]:
+    return {k: v for k, _, v in (e.partition("=") for e in env or []) if k.startswith("NCCL")}
+
+
+def check_stack(config: StackConfig, report: Report) -> None:
     """For a running stack: the NCCL each engine loaded vs its manifest; NCCL env of image vs container; logs."""
     from kit import compose, deploy, dockerhost, logscan
 
@@ -222,10 +226,8 @@ def check_stack(config: StackConfig, report: Report, out: Path | None) -> None:
             status = "ok" if first == pin else "fail"
             report.add(f"{c.name}-nccl", status, f"loads NCCL {first}, image built for {pin}"
                        + ("" if status == "ok" else ": rebuild with one nccl.version (`kit build`) and `kit verify`"))
-            image_env = {k: v for k, v in (e.split("=", 1) for e in c.image.attrs["Config"].get("Env") or [])
-                         if k.startswith("NCCL")}
-            live_env = {k: v for k, v in (e.split("=", 1) for e in c.attrs["Config"].get("Env") or [])
-                        if k.startswith("NCCL")}
+            image_env = _nccl_vars(c.image.attrs["Config"].get("Env"))
+            live_env = _nccl_vars(c.attrs["Config"].get("Env"))
             diff = {k: (image_env.get(k), live_env.get(k)) for k in set(image_env) | set(live_env)
                     if k not in expected_env and image_env.get(k) != live_env.get(k)}
             missing = {k: v for k, v in expected_env.items() if live_env.get(k) != v}
@@ -261,7 +263,7 @@ def run(config: StackConfig, *, docker_info: Callable[[], dict[str, Any] | None]
         check_topology(config, links, report)
     check_docker(report, (docker_info or _docker_info)(), (compose_ok or _compose_ok)(), config.hardware.gpus > 0)
     if stack:
-        check_stack(config, report, None)
+        check_stack(config, report)
     return report
 
 

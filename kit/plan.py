@@ -148,6 +148,11 @@ def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int |
     return Plan("llama.cpp", model.summary(), ctx, plans, host, 0, int(settings["batch"]), ub)
 
 
+def tp_kv_bytes_per_token(n_layer: int, n_head_kv: int, head_dim: int, tp: int) -> float:
+    """KV bytes one token takes on each GPU under tensor parallelism (fp16 K and V, heads split across GPUs)."""
+    return 2 * n_layer * (n_head_kv / tp) * head_dim * 2
+
+
 def plan_tensor_parallel(config: StackConfig, engine: str, model: ModelInfo, ctx: int, *,
                          gpus: int | None = None) -> Plan:
     settings = config.engine_settings(engine)
@@ -155,16 +160,11 @@ def plan_tensor_parallel(config: StackConfig, engine: str, model: ModelInfo, ctx
     util = float(settings.get("gpu_memory_utilization", 0.9))
     mem = int(config.hardware.memory_gib * GIB)
     overhead = int(gpu_table()["cuda_context_mib"] * MIB + gpu_table()["vllm_activation_gib"] * GIB)
-    plans = []
-    pool_total = 0
-    for i in range(tp):
-        p = GpuPlan(i, int(mem * util), weights=model.weights_bytes // tp, overhead=overhead)
-        pool = max(0, p.total - p.weights - p.overhead)
-        p.kv = pool  # vLLM takes the whole pool for KV blocks
-        pool_total = pool
-        plans.append(p)
-    per_token = 2 * model.n_layer * (model.n_head_kv / tp) * model.head_dim * 2
-    tokens = int(pool_total // per_token) if per_token else 0
+    reserved, weights = int(mem * util), model.weights_bytes // tp
+    pool = max(0, reserved - weights - overhead)  # vLLM takes the whole pool for KV blocks
+    plans = [GpuPlan(i, reserved, weights=weights, kv=pool, overhead=overhead) for i in range(tp)]
+    per_token = tp_kv_bytes_per_token(model.n_layer, model.n_head_kv, model.head_dim, tp)
+    tokens = int(pool // per_token) if per_token else 0
     return Plan(engine, model.summary(), ctx, plans, 0, min(tokens, model.context_length or tokens), 0, 0,
                 kv_tokens=tokens)
 
@@ -193,7 +193,7 @@ def largest_ctx(config: StackConfig, model: ModelInfo, **kw: Any) -> int:
     while lo < hi:
         mid = (lo + hi + 1) // 2
         p = plan_llama(config, model, mid * CTX_STEP, **kw)
-        if all(g.fits for g in p.gpus):
+        if p.fits:
             lo = mid
         else:
             hi = mid - 1
@@ -203,7 +203,7 @@ def largest_ctx(config: StackConfig, model: ModelInfo, **kw: Any) -> int:
 def recommend_batch(config: StackConfig, model: ModelInfo, ctx: int) -> tuple[int, int]:
     """The seeds' sweet spot (512/512) when it fits, else the largest power of two down to 64."""
     ub = 512
-    while ub > 64 and not all(g.fits for g in plan_llama(config, model, ctx, ubatch=ub).gpus):
+    while ub > 64 and not plan_llama(config, model, ctx, ubatch=ub).fits:
         ub //= 2
     batch = int(config.engine_settings("llama.cpp")["batch"]) if ub == 512 else ub
     return batch, ub
@@ -218,10 +218,10 @@ def cheapest_fix(config: StackConfig, model: ModelInfo, plan: Plan, engine: str)
     fixes = []
     if plan.max_ctx >= 2048:
         fixes.append(f"shorten model.ctx to {plan.max_ctx}")
-    if all(g.fits for g in plan_llama(config, model, plan.ctx, cache_types=("q8_0", "q8_0")).gpus):
+    if plan_llama(config, model, plan.ctx, cache_types=("q8_0", "q8_0")).fits:
         fixes.append("set cache_type_k/cache_type_v: q8_0 (halves the KV cache)")
     fixes.append(f"a smaller quant (weights must shrink by {short / GIB:.1f} GiB on the fullest GPU)")
-    if all(g.fits for g in plan_llama(config, model, plan.ctx, gpus=config.hardware.gpus + 1).gpus):
+    if plan_llama(config, model, plan.ctx, gpus=config.hardware.gpus + 1).fits:
         fixes.append(f"one more GPU ({config.hardware.gpus + 1} in total)")
     return "; or ".join(fixes)
 
@@ -290,7 +290,7 @@ def _reserved(p: Plan, index: int) -> int:
 
 def _kv_per_token(p: Plan) -> float:
     m = p.model
-    return 2 * m["n_layer"] * (m["n_head_kv"] / max(1, len(p.gpus))) * m["head_dim"] * 2
+    return tp_kv_bytes_per_token(m["n_layer"], m["n_head_kv"], m["head_dim"], max(1, len(p.gpus)))
 
 
 def plan_stack(config: StackConfig, models: dict[str, ModelInfo]) -> StackPlan:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -175,7 +174,7 @@ def test_doctor_compares_running_nccl_with_the_manifest(cuda_stage_images, docke
         environment={"NCCL_DEBUG": "WARN", "NCCL_P2P_LEVEL": "NVL"})
     try:
         report = doctor.Report()
-        doctor.check_stack(config, report, None)
+        doctor.check_stack(config, report)
         checks = {f.check: f for f in report.findings}
         nccl = checks[f"{container.name}-nccl"]
         assert nccl.status == "fail" and "loads NCCL 2.32.3, image built for 2.27.3" in nccl.detail

@@ -101,32 +101,26 @@ def command_string(config: StackConfig, name: str) -> str:
 def compose_for(config: StackConfig, name: str, key: str) -> dict[str, Any]:
     engine = catalog.get(name)
     flavor = engine.flavors[serving.flavor(config, name)]
-    env: dict[str, str] = {}
-    if flavor.gpu:
-        env.update(compose.nccl_env(config))
-    env.update(serving.environment(config, name))
-    if engine.serve.api_key_env:
-        env[engine.serve.api_key_env] = "${API_KEY}"
+    env = compose.engine_env(config, name, "${API_KEY}")
     service: dict[str, Any] = {
         "image": dockerfile.image_tag(config, name),
         "container_name": "${CONTAINER_NAME}",
         "restart": "unless-stopped",
         "networks": ["1panel-network"],
         "ports": [f"${{{PORT}}}:{engine.port}"],
-        "volumes": ["${MODEL_DIR}:/models:ro"],
+        "volumes": [f"${{MODEL_DIR}}:{serving.MODEL_MOUNT}:ro"],
         "entrypoint": list(engine.entrypoint),
         "command": command_string(config, name),
         "environment": env,
         "ipc": "host",
     }
     if flavor.gpu:
-        service["ulimits"] = {"memlock": -1, "stack": 67108864}
+        service["ulimits"] = dict(compose.GPU_ULIMITS)
         # one device_ids entry "0,1": Docker joins DeviceIDs with "," for the NVIDIA runtime, so a single
         # comma-separated value selects the same GPUs as a list, and a form field can fill it
         service["deploy"] = compose.gpu_block(["${GPU_IDS}"])
-    service["healthcheck"] = {"test": ["CMD", *engine.health_cmd], "interval": "15s", "timeout": "5s",
-                              "retries": 3, "start_period": f"{serving.start_period_s(config)}s"}
-    service["logging"] = {"driver": "json-file", "options": {"max-size": "50m", "max-file": "3"}}
+    service["healthcheck"] = compose.healthcheck(config, name)
+    service["logging"] = compose.logging_block()
     service["labels"] = {"createdBy": "Apps"}
     return {"services": {key: service}, "networks": {"1panel-network": {"external": True}}}
 
