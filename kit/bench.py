@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
 import requests
@@ -46,6 +46,7 @@ class Sample:
     output_tokens: int = 0
     chunks: int = 0
     tokens_from: str = "chunks"  # usage | chunks
+    prompt_tokens: int = 0  # from usage: what the server says it processed for the prompt
     server_timings: dict[str, Any] | None = None
     started: float = 0.0
 
@@ -59,7 +60,8 @@ class Sample:
 
 
 class Client:
-    def __init__(self, url: str, api_key: str | None, model: str | None, timeout_s: float) -> None:
+    def __init__(self, url: str, api_key: str | None, model: str | None, timeout_s: float,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise KitError("--url", f"{url!r} is not an http(s) URL", "write it like http://127.0.0.1:8080")
@@ -67,6 +69,7 @@ class Client:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model = model
         self.timeout_s = timeout_s
+        self.clock = clock
         self.local = threading.local()
 
     def session(self) -> requests.Session:
@@ -96,46 +99,17 @@ class Client:
             "model": self.model or "default", "stream": True, "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "seed": seed, "ignore_eos": True,
+            # llama-server reuses a slot's KV for a repeated prefix; a benchmark must measure prefill, not the cache
+            "cache_prompt": False,
         }
-        start = sample.started = time.perf_counter()
-        last = None
+        sample.started = self.clock()
         try:
             with self.session().post(f"{self.base}/v1/chat/completions", json=body, headers=self.headers,
                                      stream=True, timeout=self.timeout_s) as reply:
                 if reply.status_code != 200:
                     sample.error = f"HTTP {reply.status_code}: {reply.text[:120]}"
                     return sample
-                done = False
-                for line in _sse_lines(reply):
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        done = True
-                        break
-                    event = json.loads(payload)
-                    if "error" in event:
-                        sample.error = f"server error: {str(event['error'])[:120]}"
-                        return sample
-                    now = time.perf_counter()
-                    if event.get("usage"):
-                        sample.output_tokens = int(event["usage"].get("completion_tokens") or 0)
-                        sample.tokens_from = "usage"
-                    if event.get("timings"):
-                        sample.server_timings = event["timings"]
-                    for choice in event.get("choices") or []:
-                        delta = choice.get("delta") or {}
-                        if delta.get("content") or delta.get("reasoning_content"):
-                            if last is None:
-                                sample.ttft = now - start
-                            else:
-                                sample.itl.append(now - last)
-                            last = now
-                            sample.chunks += 1
-                if not done:
-                    sample.error = "disconnected: the stream ended before [DONE]"
-                    return sample
-                sample.e2el = time.perf_counter() - start
+                return consume(sample, _sse_lines(reply), self.clock)
         except (requests.Timeout, urllib3.exceptions.ReadTimeoutError, TimeoutError):
             sample.error = f"timeout after {self.timeout_s:.0f}s"
             return sample
@@ -143,15 +117,56 @@ class Client:
                 http.client.HTTPException, OSError) as exc:
             sample.error = f"disconnected: {exc.__class__.__name__}"
             return sample
-        except ValueError as exc:
-            sample.error = f"bad stream: {exc}"
-            return sample
-        if sample.tokens_from == "chunks":
-            sample.output_tokens = sample.chunks
-        sample.ok = sample.chunks > 0
-        if not sample.ok:
-            sample.error = "no tokens streamed"
+
+
+def consume(sample: Sample, lines: Iterable[bytes], clock: Callable[[], float]) -> Sample:
+    """Time one SSE stream into ``sample`` (whose ``started`` is the request's send time).
+
+    Separate from the HTTP client so the statistics can be checked against a recorded stream and a fake clock:
+    ``clock()`` is read once per event, when the event has arrived.
+    """
+    start, last, done = sample.started, None, False
+    try:
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                done = True
+                break
+            event = json.loads(payload)
+            if "error" in event:
+                sample.error = f"server error: {str(event['error'])[:120]}"
+                return sample
+            now = clock()
+            if event.get("usage"):
+                sample.output_tokens = int(event["usage"].get("completion_tokens") or 0)
+                sample.prompt_tokens = int(event["usage"].get("prompt_tokens") or 0)
+                sample.tokens_from = "usage"
+            if event.get("timings"):
+                sample.server_timings = event["timings"]
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if delta.get("content") or delta.get("reasoning_content"):
+                    if last is None:
+                        sample.ttft = now - start
+                    else:
+                        sample.itl.append(now - last)
+                    last = now
+                    sample.chunks += 1
+    except ValueError as exc:
+        sample.error = f"bad stream: {exc}"
         return sample
+    if not done:
+        sample.error = "disconnected: the stream ended before [DONE]"
+        return sample
+    sample.e2el = clock() - start
+    if sample.tokens_from == "chunks":
+        sample.output_tokens = sample.chunks
+    sample.ok = sample.chunks > 0
+    if not sample.ok:
+        sample.error = "no tokens streamed"
+    return sample
 
 
 def _sse_lines(reply: requests.Response):
@@ -201,6 +216,7 @@ class Result:
     tokens_from: str
     errors: list[str]
     server_decode_tps: float | None = None
+    prompt_processed: float | None = None  # median prompt tokens the server processed (timings.prompt_n, else usage)
 
 
 def summarize(samples: list[Sample], wall_s: float) -> Result:
@@ -208,6 +224,8 @@ def summarize(samples: list[Sample], wall_s: float) -> Result:
     sources = {s.tokens_from for s in ok}
     server = [s.server_timings.get("predicted_per_second") for s in ok
               if s.server_timings and s.server_timings.get("predicted_per_second")]
+    processed = [(s.server_timings or {}).get("prompt_n", s.prompt_tokens) for s in ok
+                 if s.server_timings or s.prompt_tokens]
     return Result(
         scenario=samples[0].scenario, concurrency=samples[0].concurrency, requests=len(samples),
         failures=len(samples) - len(ok), wall_s=wall_s,
@@ -219,6 +237,7 @@ def summarize(samples: list[Sample], wall_s: float) -> Result:
         tokens_from="usage" if sources == {"usage"} else ("chunks" if sources == {"chunks"} else "mixed"),
         errors=sorted({s.error for s in samples if not s.ok})[:5],
         server_decode_tps=statistics.fmean(server) if server else None,
+        prompt_processed=statistics.median(processed) if processed else None,
     )
 
 
@@ -232,9 +251,11 @@ class Run:
 
 
 def prompts_for(name: str, count: int, seed: int, salt: str = "") -> list[str]:
+    """``count`` prompts from the scenario's pool, each behind a prefix no other request of the run has, so no
+    server answers a prompt from its prefix cache."""
     rng = random.Random(f"{seed}-{name}-{salt}")
     pool = scenarios()["scenarios"][name]["prompts"]
-    return [rng.choice(pool) for _ in range(count)]
+    return [f"[{name}-{salt or 'w'}-{i}] {rng.choice(pool)}" for i in range(count)]
 
 
 def run(url: str, *, api_key: str | None = None, model: str | None = None, names: list[str] | None = None,

@@ -456,13 +456,15 @@ def bench(
     out.print(table)
     for run in runs:
         detail = Table("scenario", "conc", "TTFT med/p90/p99 ms", "TPOT med ms", "ITL med/p99 ms", "E2EL med s",
-                       "tok/s/req", "total tok/s", "req/s", "failed", "tokens", title=f"{run.url} ({run.model})")
+                       "tok/s/req", "total tok/s", "req/s", "failed", "tokens", "prompt tok",
+                       title=f"{run.url} ({run.model})")
         for r in run.results:
             ms = lambda d, k: f"{d.get(k, 0) * 1000:.0f}"  # noqa: E731
             detail.add_row(r.scenario, str(r.concurrency), f"{ms(r.ttft, 'median')}/{ms(r.ttft, 'p90')}/{ms(r.ttft, 'p99')}",
                            f"{r.tpot.get('median', 0) * 1000:.1f}", f"{ms(r.itl, 'median')}/{ms(r.itl, 'p99')}",
                            f"{r.e2el.get('median', 0):.2f}", f"{r.decode_tps.get('median', 0):.1f}",
-                           f"{r.output_tps:.1f}", f"{r.req_per_s:.2f}", str(r.failures), r.tokens_from)
+                           f"{r.output_tps:.1f}", f"{r.req_per_s:.2f}", str(r.failures), r.tokens_from,
+                           "-" if r.prompt_processed is None else f"{r.prompt_processed:.0f}")
         out.print(detail)
         for r in run.results:
             for e in r.errors:

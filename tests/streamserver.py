@@ -14,7 +14,28 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 TOKEN_EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'
 
 
-def make_handler(ttft_s: float, token_s: float, usage: bool, api_key: str | None):
+class Counter:
+    """Completed streams, so a test can wait for "n requests done" instead of sleeping and hoping."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.prompts: list[str] = []
+        self.bodies: list[dict] = []
+        self.cond = threading.Condition()
+
+    def add(self, prompt: str, body: dict) -> None:
+        with self.cond:
+            self.done += 1
+            self.prompts.append(prompt)
+            self.bodies.append(body)
+            self.cond.notify_all()
+
+    def wait_for(self, n: int, timeout_s: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.done >= n, timeout_s)
+
+
+def make_handler(ttft_s: float, token_s: float, usage: bool, api_key: str | None, counter: Counter):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # chunked transfer encoding, as llama.cpp and vLLM stream
 
@@ -78,13 +99,15 @@ def make_handler(ttft_s: float, token_s: float, usage: bool, api_key: str | None
             self.send_event(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
+            counter.add(prompt, request)
 
     return Handler
 
 
 class StreamServer:
     def __init__(self, ttft_s: float = 0.1, token_s: float = 0.02, usage: bool = True, api_key: str | None = None):
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(ttft_s, token_s, usage, api_key))
+        self.counter = Counter()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(ttft_s, token_s, usage, api_key, self.counter))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 

@@ -13,25 +13,85 @@ from kit.errors import KitError
 from tests.streamserver import StreamServer
 
 
-def close(value: float, expected: float, tolerance: float = 0.05) -> bool:
-    return abs(value - expected) <= tolerance * expected
+class FakeClock:
+    """A clock the recorded stream moves: reading an event sets "now" to the time it was recorded at."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_known_timing_within_5_percent():
+def recorded(clock: FakeClock, events: list[tuple[float, bytes]]):
+    """SSE lines as they arrived: (arrival time in s, line)."""
+    for at, line in events:
+        clock.now = at
+        yield line
+
+
+def token(text: str = "tok") -> bytes:
+    return b'data: {"choices":[{"index":0,"delta":{"content":"' + text.encode() + b'"}}]}'
+
+
+def test_recorded_stream_gives_exact_ttft_itl_tpot_e2el():
+    # A stream sent at t=0: first token at 0.25 s, then tokens at 0.30, 0.40, 0.45 s, usage, [DONE] at 0.50 s.
+    clock = FakeClock()
+    events = [(0.25, token()), (0.30, token()), (0.40, token()), (0.45, token()),
+              (0.46, b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":4,"total_tokens":11}}'),
+              (0.50, b"data: [DONE]")]
+    sample = bench.consume(bench.Sample("short", 1, ok=False, started=0.0), recorded(clock, events), clock)
+    assert sample.ok and sample.tokens_from == "usage"
+    assert sample.ttft == pytest.approx(0.25)
+    # ITL: the gaps between tokens only, never the first-token gap: 0.05, 0.10, 0.05
+    assert sample.itl == pytest.approx([0.05, 0.10, 0.05])
+    assert sample.e2el == pytest.approx(0.50)
+    # TPOT = (E2EL - TTFT) / (tokens - 1) = (0.50 - 0.25) / 3 = 0.08333 s (not / 4 = 0.0625)
+    assert sample.tpot == pytest.approx(0.25 / 3)
+    assert sample.decode_tps == pytest.approx(3 / 0.25)  # 12 tok/s
+    assert sample.prompt_tokens == 7
+
+
+def test_summary_statistics_are_exact():
+    # Ten requests with TTFT 0.1 .. 1.0 s; percentiles by linear interpolation over the sorted values:
+    # median = (0.5 + 0.6) / 2 = 0.55; p90 at rank 8.1 = 0.9 + 0.1 * 0.1 = 0.91; p99 at rank 8.91 = 0.9 + 0.091 = 0.991
+    samples = [bench.Sample("short", 2, ok=True, ttft=0.1 * i, e2el=0.1 * i + 1.0, itl=[0.01 * i],
+                            output_tokens=11, chunks=11, tokens_from="usage") for i in range(1, 11)]
+    samples.append(bench.Sample("short", 2, ok=False, error="HTTP 500: boom"))
+    summary = bench.summarize(samples, wall_s=5.0)
+    assert summary.requests == 11 and summary.failures == 1
+    assert summary.ttft["median"] == pytest.approx(0.55)
+    assert summary.ttft["p90"] == pytest.approx(0.91)
+    assert summary.ttft["p99"] == pytest.approx(0.991)
+    assert summary.ttft["mean"] == pytest.approx(0.55)
+    # every request decodes 10 tokens after the first in 1.0 s: TPOT 0.1 s, 10 tok/s
+    assert summary.tpot["median"] == pytest.approx(0.1) and summary.decode_tps["p99"] == pytest.approx(10.0)
+    assert summary.itl["median"] == pytest.approx(0.055)
+    # total: 10 ok x 11 tokens / 5 s wall = 22 tok/s; 10 / 5 = 2 req/s
+    assert summary.output_tps == pytest.approx(22.0) and summary.req_per_s == pytest.approx(2.0)
+    assert summary.errors == ["HTTP 500: boom"]
+
+
+def test_stream_cut_before_done_is_a_failure():
+    clock = FakeClock()
+    sample = bench.consume(bench.Sample("short", 1, ok=False), recorded(clock, [(0.1, token()), (0.2, token())]), clock)
+    assert not sample.ok and sample.error.startswith("disconnected")
+
+
+def test_live_stream_respects_the_servers_timing():
+    # Real sockets, real threads: only causal bounds are exact here (a client cannot see a token before the
+    # server sent it); the speed itself is a benchmark, not a test.
     with StreamServer(ttft_s=0.1, token_s=0.02) as server:
         run = bench.run(server.url, names=["short"], concurrency=[1, 4], requests_per=4, warmup=0)
     single, four = run.results
     assert single.failures == 0 and four.failures == 0
-    assert close(single.ttft["median"], 0.100), single.ttft
-    assert close(single.tpot["median"], 0.020), single.tpot
-    assert close(single.itl["median"], 0.020), single.itl
-    assert close(single.e2el["median"], 0.100 + 63 * 0.020), single.e2el
-    assert close(single.decode_tps["median"], 50.0)
-    assert single.tokens_from == "usage"
-    assert all(s.output_tokens == 64 for s in run.samples)
-    # 4 in parallel: each still 50 tok/s, total about 4x
-    assert close(four.decode_tps["median"], 50.0)
-    assert four.output_tps > 3.3 * single.output_tps
+    assert all(s.output_tokens == 64 and s.tokens_from == "usage" for s in run.samples)
+    for s in run.samples:
+        assert s.ttft >= 0.1 and s.e2el >= 0.1 + 63 * 0.02 and len(s.itl) == 63
+    # every request had its own prompt, and asked the server not to reuse a cached prefix
+    prompts = server.counter.prompts[1:]  # after the preflight
+    assert len(prompts) == 8 and len(set(prompts)) == 8
+    assert all(b["cache_prompt"] is False for b in server.counter.bodies)
 
 
 def test_counts_chunks_when_no_usage():
@@ -119,23 +179,23 @@ def test_against_real_llama_server(cpu_image, tiny_gguf, docker_ready):
         assert timings, "llama-server reports its own timings in the last chunk"
         assert sample.tokens_from == "usage"
         assert sample.output_tokens == timings["predicted_n"]  # ignore_eos: exactly max_tokens
-    medium = next(r for r in run.results if r.scenario == "medium")
+        # the server's own prompt + decode time lies inside the client's end-to-end wall time (same host clock)
+        assert sample.e2el >= (timings["prompt_ms"] + timings["predicted_ms"]) / 1000 - 1e-3, (sample.e2el, timings)
+        # unique prompts and cache_prompt false: the server processed the whole prompt, not a cached prefix
+        assert timings["prompt_n"] == sample.prompt_tokens > 8, timings
     assert all(s.output_tokens == 200 for s in run.samples if s.scenario == "medium")
-    # our client-side decode rate agrees with the server's own predicted_per_second
-    assert medium.server_decode_tps and abs(medium.decode_tps["median"] - medium.server_decode_tps) \
-        <= 0.35 * medium.server_decode_tps, (medium.decode_tps, medium.server_decode_tps)
 
 
 def test_ctrl_c_prints_what_was_measured(tmp_path):
     import signal
-    import time as _time
 
-    with StreamServer(ttft_s=0.01, token_s=0.02) as server:
+    with StreamServer(ttft_s=0.01, token_s=0.01) as server:
         proc = subprocess.Popen([sys.executable, "-m", "kit", "bench", "--url", server.url, "--scenarios", "short",
-                                 "--concurrency", "1", "--requests", "50", "--warmup", "0"],
+                                 "--concurrency", "1", "--requests", "1000", "--warmup", "0"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
-        _time.sleep(6)  # start-up, preflight, then a few 1.3 s requests
+        # the preflight and two measured requests have finished: Ctrl-C now lands while the third is in flight
+        assert server.counter.wait_for(3, timeout_s=120), "kit bench sent no requests"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     assert "interrupted: showing what was measured" in out, out + err
