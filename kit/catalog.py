@@ -54,6 +54,14 @@ class Supports(_Record):
     cuda_max_for_arch: dict[int, str] = Field(default_factory=dict)
 
 
+class ModelDependent(_Record):
+    """A setting whose right value depends on the model: ``auto`` is decided from its header (kit/resolve.py)."""
+
+    needs_mtp: list[str] = Field(default_factory=list)  # values that need MTP layers in the model
+    with_mtp: str  # auto, when the model has MTP layers
+    without_mtp: str  # auto, when it has none (or the model is not on this machine)
+
+
 class ServeArg(_Record):
     flag: str
     value: str | None = None
@@ -84,6 +92,7 @@ class Engine(_Record):
     health_cmd: list[str]
     supports: Supports = Field(default_factory=Supports)
     settings: dict[str, Any] = Field(default_factory=dict)
+    model_dependent: dict[str, ModelDependent] = Field(default_factory=dict)
     serve: Serve
 
     @property

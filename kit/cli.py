@@ -113,10 +113,14 @@ def render(
     """Render Dockerfiles (and compose, 1Panel apps) for the stack. Needs no GPU and no Docker."""
     from kit import render as renderer
 
+    from kit import resolve
+
     config = _config(config_path)
     written = renderer.render_stack(config, output)
     for rel in written:
         out.print(f"  {output / rel}")
+    for note in resolve.notes(config):
+        _echo(f"note: {note}")
     out.print(f"rendered {len(written)} files into {output}/")
 
 
@@ -386,11 +390,12 @@ def plan(
         out.print(table)
         if result.host_bytes:
             out.print(f"host memory: {result.host_bytes / gib:.2f} GiB (token embeddings{' + all layers' if not result.gpus else ''})")
+        out.print(f"serves {result.serves} (serve.concurrency x model.ctx)")
         if result.kv_tokens is not None:
             out.print(f"KV pool holds {result.kv_tokens} tokens (gpu_memory_utilization)")
         else:
-            out.print(f"largest context that fits: {result.max_ctx}; recommended --batch-size {result.batch} "
-                      f"--ubatch-size {result.ubatch}")
+            out.print(f"largest context per request that fits: {result.max_ctx}; recommended --batch-size "
+                      f"{result.batch} --ubatch-size {result.ubatch}")
     if not result.fits:
         raise CheckFailed(f"does not fit at ctx {result.ctx}: {result.fix}")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from kit import catalog, paths
 from kit.errors import KitError
@@ -107,13 +107,20 @@ class Model(Section):
     format: Literal["gguf", "hf"] = Field("gguf", description="gguf for llama.cpp; hf (safetensors) for vLLM/NInfer.")
     size_gib: float = Field(15.0, gt=0, description="Weights size, for the healthcheck start period and kit plan.")
     dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="Volta has no bf16: float16.")
-    ctx: int | Literal["auto"] = Field(16384, description="Context length; auto = the largest that kit plan fits.")
+    ctx: int | Literal["auto"] = Field(
+        16384, description="Longest single request in tokens (prompt + reply); every one of serve.concurrency "
+        "requests gets this much. auto = the largest that kit plan fits."
+    )
 
 
 class Serve(Section):
     port: int = Field(8080, ge=1, le=65535, description="Host port of the endpoint.")
     expose: bool = Field(False, description="Bind on all interfaces; off = 127.0.0.1 only.")
     api_key: bool = Field(True, description="Generate an API key into .env (mode 0600).")
+    concurrency: int = Field(
+        4, ge=1, le=256, description="Requests served at once, each up to model.ctx tokens (llama.cpp --parallel "
+        "slots, vLLM --max-num-seqs); the seeds' load is 4 users."
+    )
 
 
 class StackConfig(Section):
@@ -130,6 +137,11 @@ class StackConfig(Section):
     engines: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Per-engine settings over the catalog defaults (`kit engines`)."
     )
+    # kit.resolve's per-engine results: a config is read once, so what it resolves to is computed once
+    _resolved: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def resolution_cache(self) -> dict[str, Any]:
+        return self._resolved
 
     # ----- derived facts, computed once here so templates and code never re-derive them -----
     def engine_names(self) -> list[str]:

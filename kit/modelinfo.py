@@ -1,6 +1,7 @@
 """Model facts without loading weights: the GGUF header and tensor table, or a Hugging Face config + index.
 
-``gguf.GGUFReader`` memory-maps the file, so reading a 15 GB model's header touches only its first megabytes.
+A GGUF header is read by ``kit.ggufheader`` (keys and tensor table; the vocabulary only by its length), so a 15 GB
+model with a 152k-token vocabulary is planned in well under a second.
 """
 
 from __future__ import annotations
@@ -39,35 +40,28 @@ class ModelInfo:
     tensors: list[TensorInfo] = field(default_factory=list)
     weights_bytes: int = 0
     file_type: str = ""
+    # MTP (multi-token prediction) layers: llama.cpp's `<arch>.nextn_predict_layers` (src/llama-arch.cpp,
+    # LLM_KV_NEXTN_PREDICT_LAYERS); --spec-type draft-mtp needs them, or llama-server exits at load
+    mtp_layers: int = 0
 
     def summary(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "tensors"}
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    try:
-        return f.contents()
-    except Exception:  # older gguf: parts/data
-        return f.parts[f.data[0]][0] if f.data else default
-
-
 def read_gguf(path: Path) -> ModelInfo:
-    import gguf
+    from kit import ggufheader
 
     try:
-        reader = gguf.GGUFReader(str(path), "r")
-    except Exception as exc:
-        raise KitError("MODEL", f"{path} is not a readable GGUF file ({exc.__class__.__name__})",
-                       "point kit plan at a .gguf model") from None
-    arch = str(_field(reader, "general.architecture", "llama"))
+        header = ggufheader.read(path)
+    except (ggufheader.GGUFError, OSError) as exc:
+        raise KitError("MODEL", f"{path} is not a readable GGUF file ({exc})", "point kit plan at a .gguf model") from None
+    arch = str(header.get("general.architecture", "llama"))
 
     def meta(name: str, default: Any = None) -> Any:
-        return _field(reader, f"{arch}.{name}", default)
+        return header.get(f"{arch}.{name}", default)
 
-    n_head = int(meta("attention.head_count", 0) or 0)
+    n_head_raw = meta("attention.head_count", 0) or 0
+    n_head = int(max(n_head_raw) if isinstance(n_head_raw, list) else n_head_raw)
     n_head_kv_raw = meta("attention.head_count_kv", n_head)
     n_head_kv = int(max(n_head_kv_raw) if isinstance(n_head_kv_raw, list) else n_head_kv_raw or n_head)
     n_embd = int(meta("embedding_length", 0))
@@ -75,21 +69,19 @@ def read_gguf(path: Path) -> ModelInfo:
     n_layer = int(meta("block_count", 0))
     tensors = []
     vocab = 0
-    for t in reader.tensors:
+    for t in header.tensors:
         layer = int(t.name.split(".")[1]) if t.name.startswith("blk.") else None
-        tensors.append(TensorInfo(t.name, int(t.n_bytes), t.tensor_type.name, layer))
+        tensors.append(TensorInfo(t.name, t.nbytes, t.type_name, layer))
         if t.name == "token_embd.weight":
             vocab = int(t.shape[-1]) if len(t.shape) > 1 else 0
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None:
-        vocab = len(tokens.data)
+    vocab = header.array_lengths.get("tokenizer.ggml.tokens", vocab)
     window = int(meta("attention.sliding_window", 0) or 0)
     swa: list[int] = []
     if window:
         pattern = meta("attention.sliding_window_pattern", None)
-        if isinstance(pattern, list):
+        if isinstance(pattern, list):  # one bool per layer: true = sliding-window layer
             swa = [i for i, is_swa in enumerate(pattern) if is_swa]
-        elif isinstance(pattern, int) and pattern > 1:
+        elif isinstance(pattern, int) and pattern > 1:  # every pattern-th layer is full attention
             swa = [i for i in range(n_layer) if (i + 1) % pattern != 0]
     n_ff_raw = meta("feed_forward_length", 0)
     n_ff = int(max(n_ff_raw) if isinstance(n_ff_raw, list) else n_ff_raw or 0)
@@ -97,7 +89,8 @@ def read_gguf(path: Path) -> ModelInfo:
         path=str(path), format="gguf", architecture=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
         n_head_kv=n_head_kv, head_dim=head_dim, n_ff=n_ff, n_vocab=vocab,
         context_length=int(meta("context_length", 0) or 0), sliding_window=window, swa_layers=swa, tensors=tensors,
-        weights_bytes=sum(t.nbytes for t in tensors), file_type=str(_field(reader, "general.file_type", "")),
+        weights_bytes=sum(t.nbytes for t in tensors), file_type=str(header.get("general.file_type", "")),
+        mtp_layers=int(meta("nextn_predict_layers", 0) or 0),
     )
 
 

@@ -74,10 +74,15 @@ class Plan:
     ubatch: int
     kv_tokens: int | None = None  # vLLM: tokens the KV pool holds
     fix: str = ""
+    slots: int = 1  # requests served at once, each up to ctx tokens
 
     @property
     def fits(self) -> bool:
-        return all(g.fits for g in self.gpus) and (self.kv_tokens is None or self.kv_tokens >= self.ctx)
+        return all(g.fits for g in self.gpus) and (self.kv_tokens is None or self.kv_tokens >= self.ctx * self.slots)
+
+    @property
+    def serves(self) -> str:
+        return f"{self.slots} concurrent request{'s' if self.slots > 1 else ''} of up to {self.ctx} tokens each"
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -100,10 +105,11 @@ def assign_layers(n_layer: int, split: list[float]) -> list[int]:
     return devices
 
 
-def layer_kv_bytes(model: ModelInfo, layer: int, ctx: int, k_type: str, v_type: str) -> float:
+def layer_kv_bytes(model: ModelInfo, layer: int, ctx: int, k_type: str, v_type: str, slots: int = 1) -> float:
+    """One layer's KV cache for ``slots`` sequences of ``ctx`` tokens each (a sliding-window layer keeps its window)."""
     tokens = min(ctx, model.sliding_window) if layer in model.swa_layers and model.sliding_window else ctx
     per_token = model.n_head_kv * model.head_dim * (kv_bytes(k_type) + kv_bytes(v_type))
-    return tokens * per_token
+    return slots * tokens * per_token
 
 
 def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bool) -> int:
@@ -118,6 +124,7 @@ def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bo
 def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int | None = None,
                cache_types: tuple[str, str] | None = None, gpus: int | None = None) -> Plan:
     settings = config.engine_settings("llama.cpp")
+    slots = config.serve.concurrency
     n_gpu = config.hardware.gpus if gpus is None else gpus
     k_type, v_type = cache_types or (settings["cache_type_k"], settings["cache_type_v"])
     ub = ubatch or int(settings["ubatch"])
@@ -128,13 +135,14 @@ def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int |
     host = 0
     plans = [GpuPlan(i, mem, overhead=overhead) for i in range(n_gpu)]
     if n_gpu == 0:  # CPU: everything in host memory
-        host = model.weights_bytes + int(sum(layer_kv_bytes(model, l, ctx, k_type, v_type) for l in range(model.n_layer)))
-        return Plan("llama.cpp", model.summary(), ctx, [], host, ctx, int(settings["batch"]), ub)
+        host = model.weights_bytes + int(sum(layer_kv_bytes(model, l, ctx, k_type, v_type, slots)
+                                             for l in range(model.n_layer)))
+        return Plan("llama.cpp", model.summary(), ctx, [], host, ctx, int(settings["batch"]), ub, slots=slots)
     layer_split = settings["split_mode"] != "none" or gpus is not None  # "one more GPU" assumes a layer split
     devices = assign_layers(model.n_layer, split) if n_gpu > 1 and layer_split else [0] * model.n_layer
     for layer, dev in enumerate(devices):
         plans[dev].layers.append(layer)
-        plans[dev].kv += int(layer_kv_bytes(model, layer, ctx, k_type, v_type))
+        plans[dev].kv += int(layer_kv_bytes(model, layer, ctx, k_type, v_type, slots))
     last = devices[-1] if devices else 0
     for t in model.tensors:
         if t.layer is not None:
@@ -145,7 +153,7 @@ def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int |
             plans[last].weights += t.nbytes
     for p in plans:
         p.compute = compute_bytes(model, ctx, ub, flash, p.index == last)
-    return Plan("llama.cpp", model.summary(), ctx, plans, host, 0, int(settings["batch"]), ub)
+    return Plan("llama.cpp", model.summary(), ctx, plans, host, 0, int(settings["batch"]), ub, slots=slots)
 
 
 def tp_kv_bytes_per_token(n_layer: int, n_head_kv: int, head_dim: int, tp: int) -> float:
@@ -165,8 +173,10 @@ def plan_tensor_parallel(config: StackConfig, engine: str, model: ModelInfo, ctx
     plans = [GpuPlan(i, reserved, weights=weights, kv=pool, overhead=overhead) for i in range(tp)]
     per_token = tp_kv_bytes_per_token(model.n_layer, model.n_head_kv, model.head_dim, tp)
     tokens = int(pool // per_token) if per_token else 0
-    return Plan(engine, model.summary(), ctx, plans, 0, min(tokens, model.context_length or tokens), 0, 0,
-                kv_tokens=tokens)
+    slots = config.serve.concurrency
+    per_request = tokens // slots
+    return Plan(engine, model.summary(), ctx, plans, 0, min(per_request, model.context_length or per_request), 0, 0,
+                kv_tokens=tokens, slots=slots)
 
 
 def make_plan(config: StackConfig, model: ModelInfo, engine: str | None = None, ctx: int | None = None) -> Plan:
@@ -212,12 +222,19 @@ def recommend_batch(config: StackConfig, model: ModelInfo, ctx: int) -> tuple[in
 def cheapest_fix(config: StackConfig, model: ModelInfo, plan: Plan, engine: str) -> str:
     short = max((g.used - g.total for g in plan.gpus), default=0)
     if engine != "llama.cpp":
-        if plan.kv_tokens and plan.kv_tokens > 1024:
-            return f"shorten the context to {plan.kv_tokens // CTX_STEP * CTX_STEP} (max model len), or raise gpu_memory_utilization"
+        if plan.kv_tokens and plan.max_ctx > 1024:
+            return (f"shorten model.ctx to {plan.max_ctx // CTX_STEP * CTX_STEP} (the KV pool holds {plan.kv_tokens} "
+                    f"tokens for {plan.slots} requests), serve fewer at once, or raise gpu_memory_utilization")
         return f"weights leave no KV pool: use a smaller quant or {config.hardware.gpus + 1} GPUs"
     fixes = []
     if plan.max_ctx >= 2048:
         fixes.append(f"shorten model.ctx to {plan.max_ctx}")
+    if config.serve.concurrency > 1:
+        fewer = next((n for n in range(config.serve.concurrency - 1, 0, -1)
+                      if plan_llama(config.model_copy(update={"serve": config.serve.model_copy(
+                          update={"concurrency": n})}), model, plan.ctx).fits), 0)
+        if fewer:
+            fixes.append(f"serve fewer requests at once (serve.concurrency: {fewer})")
     if plan_llama(config, model, plan.ctx, cache_types=("q8_0", "q8_0")).fits:
         fixes.append("set cache_type_k/cache_type_v: q8_0 (halves the KV cache)")
     fixes.append(f"a smaller quant (weights must shrink by {short / GIB:.1f} GiB on the fullest GPU)")
@@ -233,19 +250,15 @@ def model_path(config: StackConfig, engine: str, given: str | None) -> Path:
     return Path(config.model.dir).expanduser() / (settings.get("model_file") or config.model.file)
 
 
-def auto_ctx(config: StackConfig, engine: str) -> int:
-    """``model.ctx: auto``: the largest context kit plan fits, capped by what the model was trained for."""
-    from kit.modelinfo import read
-
-    path = model_path(config, engine, None)
-    if not path.exists():
-        raise KitError("model.ctx", f"auto needs the model at {path} to plan", "put the model there or set a number")
-    model = read(path)
+def auto_ctx(config: StackConfig, engine: str, model: ModelInfo) -> int:
+    """``model.ctx: auto``: the longest request that every one of serve.concurrency slots can hold at once,
+    capped by what the model was trained for."""
     plan = make_plan(config, model, engine, ctx=min(model.context_length or 4096, 4096))
-    best = plan.max_ctx if engine == "llama.cpp" else plan.kv_tokens or 0
+    best = plan.max_ctx
     best = min(best, model.context_length or best)
     if best < CTX_STEP:
-        raise KitError("model.ctx", f"{path.name} does not fit {config.hardware.gpus} GPU(s) at any context",
+        raise KitError("model.ctx", f"{Path(model.path).name} does not fit {config.hardware.gpus} GPU(s) at any "
+                       f"context with serve.concurrency {config.serve.concurrency}",
                        "run `kit plan` for the numbers and the cheapest fix")
     return best // CTX_STEP * CTX_STEP
 

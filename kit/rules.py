@@ -120,6 +120,8 @@ def length_matches(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
     value, other = f.get(p["field"], _MISSING), f.get(p["other"], _MISSING)
     if value is _MISSING or other is _MISSING or not isinstance(value, list):
         return None
+    if other < p.get("from", 0):  # e.g. tensor ratios are read only with two GPUs or more
+        return None
     if p.get("skip_when_empty") and not value and other <= 1:
         return None
     if len(value) == other or other <= 1 and p.get("skip_when_empty") and len(value) <= 1:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kit import catalog
+from kit import catalog, resolve
 from kit.config import StackConfig
 from kit.errors import KitError
 
@@ -15,27 +15,22 @@ MODEL_MOUNT = "/models"
 
 
 def context(config: StackConfig, name: str) -> dict[str, Any]:
-    """Values the flag templates may use: engine settings plus stack facts."""
+    """Values the flag templates may use: the resolved engine settings plus stack facts."""
     engine = catalog.get(name)
-    settings = config.engine_settings(name)
-    model_file = settings.get("model_file") or config.model.file
-    ctx: dict[str, Any] = dict(settings)
+    resolved = resolve.engine(config, name)
+    ctx: dict[str, Any] = dict(resolved.settings)
     ctx.update(
-        model_path=f"{MODEL_MOUNT}/{model_file}",
+        model_path=f"{MODEL_MOUNT}/{resolved.model_file}",
         model_name=config.model.name,
-        ctx=config.model.ctx if config.model.ctx != "auto" else _auto_ctx(config, name),
+        ctx=resolved.ctx,
+        slots=resolved.slots,
         port=engine.port,
         gpus=config.hardware.gpus,
-        gpu=engine.flavors[settings["flavor"]].gpu and config.hardware.gpus > 0,
-        multi_gpu=engine.flavors[settings["flavor"]].gpu and config.hardware.gpus > 1,
+        gpu=resolved.gpu,
+        multi_gpu=resolved.gpu and config.hardware.gpus > 1,
+        speculative=resolved.speculative,
     )
     return ctx
-
-
-def _auto_ctx(config: StackConfig, name: str) -> int:
-    from kit.plan import auto_ctx
-
-    return auto_ctx(config, name)
 
 
 def _format(value: Any) -> str:
@@ -77,8 +72,4 @@ def start_period_s(config: StackConfig) -> int:
 
 
 def flavor(config: StackConfig, name: str) -> str:
-    value = config.engine_settings(name)["flavor"]
-    engine = catalog.get(name)
-    if value not in engine.flavors:
-        raise KitError(f"engines.{name}.flavor", f"unknown flavor {value!r}", f"use one of {sorted(engine.flavors)}")
-    return value
+    return resolve.flavor(config, name)

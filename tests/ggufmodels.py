@@ -8,8 +8,10 @@ import numpy as np
 
 
 def write_tiny_llama(path: Path, *, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
-                     n_ff: int = 128, ctx: int = 2048, seed: int = 0) -> Path:
-    """A llama-architecture model with an SPM byte vocabulary (<unk>, <s>, </s>, 256 byte tokens, a few words)."""
+                     n_ff: int = 128, ctx: int = 2048, seed: int = 0, extra: dict | None = None) -> Path:
+    """A llama-architecture model with an SPM byte vocabulary (<unk>, <s>, </s>, 256 byte tokens, a few words).
+
+    ``extra``: more header keys, e.g. ``{"llama.nextn_predict_layers": 1}`` (the MTP marker llama.cpp reads)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -40,6 +42,13 @@ def write_tiny_llama(path: Path, *, n_embd: int = 64, n_layer: int = 2, n_head: 
     writer.add_unk_token_id(0)
     writer.add_add_bos_token(True)
     writer.add_chat_template("{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}")
+    for key, value in (extra or {}).items():
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, bool):
+            writer.add_bool(key, value)
+        else:
+            writer.add_uint32(key, value)
 
     def t(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)

@@ -104,7 +104,12 @@ def test_service_shape(tmp_path):
     assert service["healthcheck"]["start_period"] == "210s"  # 60 s + 10 s/GiB for 15 GiB
     assert service["entrypoint"] == ["/app/llama-server"]
     assert service["command"][:2] == ["--model", "/models/Qwen3.8-27B-IQ4_XS.gguf"]
-    assert service["command"][service["command"].index("--spec-draft-n-max") + 1] == "3"
+    argv = service["command"]
+    # 4 users at once, each up to 16384 tokens; llama-server sizes the KV cache to 4 x 16384 itself
+    assert argv[argv.index("--parallel") + 1] == "4" and argv[argv.index("--kv-unified-per-slot") + 1] == "16384"
+    assert "--ctx-size" not in argv
+    # the model is not on this machine: no MTP assumed, so no speculative flags that would stop llama-server
+    assert "--spec-type" not in argv and "--spec-draft-n-max" not in argv
 
 
 def test_expose_binds_all_interfaces(tmp_path):

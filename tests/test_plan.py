@@ -50,20 +50,24 @@ def test_dual_v100_16k_per_gpu_figures(model27):
     config = make_config({})
     p = plan.make_plan(config, modelinfo.read(model27))
     assert p.fits and [len(g.layers) for g in p.gpus] == [32, 32]
-    kv_per_gpu = 32 * 16384 * 8 * 128 * (2 + 2)  # K and V in f16, GQA: 8 KV heads of 128
+    # 4 slots (serve.concurrency) x 16384 tokens x 32 layers x 8 KV heads x 128 x (2 + 2 bytes: f16 K and V) = 8 GiB
+    kv_per_gpu = 4 * 32 * 16384 * 8 * 128 * (2 + 2)
+    assert kv_per_gpu == 8 * GIB
     assert [g.kv for g in p.gpus] == [kv_per_gpu, kv_per_gpu]
+    assert p.slots == 4 and p.serves == "4 concurrent requests of up to 16384 tokens each"
     layer = expected_weights({**SHAPES_27B, "n_layer": 1}) - expected_weights({**SHAPES_27B, "n_layer": 0})
     output = 151936 * 5120 // 256 * 136 + 5120 * 4
     assert p.gpus[0].weights == 32 * layer
     assert p.gpus[1].weights == 32 * layer + output
     assert p.host_bytes == 151936 * 5120 // 256 * 136  # token embeddings stay on the host
     assert all(g.overhead == 450 * 2**20 for g in p.gpus)
-    assert p.max_ctx == 40960 and (p.batch, p.ubatch) == (512, 512)
+    # GPU 1 has ~0.5 GiB left at 16384; each more token per slot costs 4 x 32 x 8 x 128 x 4 B = 512 KiB there
+    assert 16384 < p.max_ctx < 16384 + 1024 * 2 and (p.batch, p.ubatch) == (512, 512)
 
 
 def test_seed_kv_figures_are_plausible(model27):
     """Seeds: KV 2-4 GB at 8K, 6-8 GB at 32K; 16 GB cards run a 27B but cramped."""
-    config = make_config({})
+    config = make_config({"serve": {"concurrency": 1}})  # the seeds' figures are for one request
     m = modelinfo.read(model27)
     kv8 = sum(g.kv for g in plan.plan_llama(config, m, 8192).gpus)
     kv32 = sum(g.kv for g in plan.plan_llama(config, m, 32768).gpus)
@@ -76,12 +80,14 @@ def test_seed_kv_figures_are_plausible(model27):
 def test_q8_kv_halves_the_cache(model27):
     config = make_config({"engines": {"llama.cpp": {"cache_type_k": "q8_0", "cache_type_v": "q8_0"}}})
     p = plan.plan_llama(config, modelinfo.read(model27), 16384)
-    assert p.gpus[0].kv == int(32 * 16384 * 8 * 128 * 2 * 1.0625)
+    # q8_0: 34 bytes per 32 values = 1.0625 B per value, K and V: 2.125 B; 4 slots x 32 layers x 16384 x 8 x 128
+    assert p.gpus[0].kv == int(4 * 32 * 16384 * 8 * 128 * 2 * 1.0625)
 
 
 def test_does_not_fit_exits_1_with_the_cheapest_fix(model27, tmp_path):
     cfg_file = tmp_path / "kit.yaml"
-    cfg_file.write_text(yaml.safe_dump({"preset": "single-v100-32g", "hardware": {"memory_gib": 16}}))
+    cfg_file.write_text(yaml.safe_dump({"preset": "single-v100-32g", "hardware": {"memory_gib": 16},
+                                        "serve": {"concurrency": 1}}))
     result = subprocess.run([sys.executable, "-m", "kit", "plan", str(model27), "-c", str(cfg_file), "--ctx", "32768"],
                             capture_output=True, text=True)
     assert result.returncode == 1
@@ -107,18 +113,37 @@ def test_tensor_split_ratios(model27):
     assert plan.assign_layers(4, [1, 1]) == [0, 0, 1, 1]
 
 
-def test_sliding_window_layers_are_capped(tmp_path):
+def test_sliding_window_read_from_the_file(tmp_path):
     import gguf
 
-    path = tmp_path / "swa.gguf"
-    write_tiny_llama(path)
-    # rewrite with a sliding window on every layer but the last of each pair
-    reader_kv = modelinfo.read(path)
-    reader_kv.sliding_window, reader_kv.swa_layers = 512, [0]
-    full = plan.layer_kv_bytes(reader_kv, 1, 4096, "f16", "f16")
-    capped = plan.layer_kv_bytes(reader_kv, 0, 4096, "f16", "f16")
-    assert full == 4096 * 2 * 16 * 4 and capped == 512 * 2 * 16 * 4
-    assert gguf  # the writer is the real package
+    # llama.cpp's key <arch>.attention.sliding_window_pattern: one bool per layer, true = sliding-window layer
+    path = write_tiny_llama(tmp_path / "swa.gguf", extra={"llama.attention.sliding_window": 512,
+                                                         "llama.attention.sliding_window_pattern": [True, False]})
+    m = modelinfo.read(path)
+    assert (m.sliding_window, m.swa_layers) == (512, [0])
+    # layer 0 keeps 512 tokens, layer 1 all 4096: tokens x 2 KV heads x 16 x (2 + 2 bytes)
+    assert plan.layer_kv_bytes(m, 0, 4096, "f16", "f16") == 512 * 2 * 16 * 4
+    assert plan.layer_kv_bytes(m, 1, 4096, "f16", "f16") == 4096 * 2 * 16 * 4
+    # the period form (every 2nd layer full): layer 0 sliding, layer 1 full
+    period = write_tiny_llama(tmp_path / "p.gguf", extra={"llama.attention.sliding_window": 256,
+                                                          "llama.attention.sliding_window_pattern": 2})
+    assert modelinfo.read(period).swa_layers == [0]
+    assert gguf.GGUFReader(str(path)).fields["llama.attention.sliding_window"].contents() == 512
+
+
+def test_mtp_layers_read_from_the_file(tmp_path):
+    with_mtp = write_tiny_llama(tmp_path / "mtp.gguf", extra={"llama.nextn_predict_layers": 1})
+    assert modelinfo.read(with_mtp).mtp_layers == 1
+    assert modelinfo.read(write_tiny_llama(tmp_path / "plain.gguf")).mtp_layers == 0
+
+
+def test_concurrency_is_a_fix_when_it_does_not_fit(model27):
+    # one 20 GiB GPU at 8192 tokens per request: 12.84 GiB of layer weights + 0.41 compute + 0.44 CUDA context
+    # = 13.69 GiB, and each slot's KV is 64 layers x 8192 x 8 x 128 x 4 B = 2 GiB: 4 slots = 21.69 (no),
+    # 3 slots = 19.69 (yes)
+    config = make_config({"preset": "single-v100-32g", "hardware": {"memory_gib": 20}, "model": {"ctx": 8192}})
+    p = plan.make_plan(config, modelinfo.read(model27))
+    assert not p.fits and "serve fewer requests at once (serve.concurrency: 3)" in p.fix, p.fix
 
 
 def test_tiny_model_on_cpu(tmp_path):
@@ -126,7 +151,8 @@ def test_tiny_model_on_cpu(tmp_path):
     config = make_config({"preset": "cpu"})
     p = plan.make_plan(config, modelinfo.read(path))
     assert p.gpus == [] and p.fits
-    assert p.host_bytes == modelinfo.read(path).weights_bytes + 2 * 2048 * 2 * 16 * 4
+    # 4 slots x 2 layers x 2048 tokens x (2 KV heads x 16) x (2 + 2 bytes)
+    assert p.host_bytes == modelinfo.read(path).weights_bytes + 4 * 2 * 2048 * 2 * 16 * 4
 
 
 def test_vllm_kv_pool_from_hf_config(tmp_path):
@@ -141,8 +167,12 @@ def test_vllm_kv_pool_from_hf_config(tmp_path):
     p = plan.make_plan(config, modelinfo.read(folder), "vllm", 16384)
     pool = int(16 * GIB * 0.9) - 8 * 10**9 - int(450 * 2**20 + 1.5 * GIB)
     per_token = 2 * 64 * 4 * 128 * 2  # TP=2 halves the KV heads per GPU
-    assert p.kv_tokens == pool // per_token
-    assert p.fits
+    assert p.kv_tokens == pool // per_token == 41041
+    # 4 requests x 16384 = 65536 tokens do not fit the pool; each can have 41041 // 4 = 10260 -> 10240
+    assert not p.fits and "shorten model.ctx to 10240" in p.fix
+    two = plan.make_plan(make_config({"stack": {"primary": "vllm"}, "model": {"format": "hf"},
+                                      "serve": {"concurrency": 2}}), modelinfo.read(folder), "vllm", 16384)
+    assert two.fits and two.max_ctx == 41041 // 2
 
 
 def test_ctx_auto_renders_the_planned_context(tmp_path):
@@ -151,7 +181,13 @@ def test_ctx_auto_renders_the_planned_context(tmp_path):
     write_sparse_27b(tmp_path / "Qwen3.8-27B-IQ4_XS.gguf")
     config = make_config({"model": {"ctx": "auto", "dir": str(tmp_path)}})
     argv = serving.command(config, "llama.cpp")
-    assert argv[argv.index("--ctx-size") + 1] == "40960"
+    chosen = int(argv[argv.index("--kv-unified-per-slot") + 1])
+    assert argv[argv.index("--parallel") + 1] == "4"
+    # the largest per-request context with 4 slots: it fits and one step more does not
+    m = modelinfo.read(tmp_path / "Qwen3.8-27B-IQ4_XS.gguf")
+    assert chosen % 256 == 0 and 16384 < chosen < 40960
+    assert all(g.fits for g in plan.plan_llama(config, m, chosen).gpus)
+    assert not all(g.fits for g in plan.plan_llama(config, m, chosen + 256).gpus)
     missing = make_config({"model": {"ctx": "auto", "dir": str(tmp_path / "nope")}})
     with pytest.raises(KitError) as err:
         serving.command(missing, "llama.cpp")
@@ -176,8 +212,9 @@ def _hf_model(folder, total_bytes):
 
 @pytest.mark.parametrize("preset,memory,util,expect", [
     ("ninfer-primary", 16, 0.9, "do not fit together"),
-    ("ninfer-primary", 32, 0.9, "set engines.ninfer.gpu_memory_utilization: 0.70"),
-    ("ninfer-primary", 32, 0.7, None),
+    # llama.cpp (4 slots x 16384) takes at most 15.46 GiB of a 32 GiB GPU: 16.54 / 32 = 0.52 is left for NInfer
+    ("ninfer-primary", 32, 0.9, "set engines.ninfer.gpu_memory_utilization: 0.52"),
+    ("ninfer-primary", 32, 0.5, None),
 ])
 def test_stack_plan_primary_and_fallback_share_gpus(tmp_path, preset, memory, util, expect):
     """The seeds' final setup: NInfer reserves gpu_memory_utilization of every GPU, llama.cpp needs its share too."""

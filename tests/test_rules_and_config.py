@@ -146,7 +146,8 @@ def test_defaults_are_the_seed_setup():
     assert (c.cuda.version, c.nccl.version, c.stack.primary) == ("12.9.1", "2.27.3", "llama.cpp")
     assert (c.model.ctx, c.model.size_gib, c.model.dtype) == (16384, 15.0, "float16")
     llama = c.engine_settings("llama.cpp")
-    assert (llama["spec_type"], llama["spec_draft_n_max"]) == ("draft-mtp", 3)
+    assert (llama["spec_type"], llama["spec_draft_n_max"]) == ("auto", 3)
+    assert c.serve.concurrency == 4  # seed 000: "4 concurrent, 248-264 t/s total"
     assert c.build.push is False
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from kit import catalog, compose, dockerfile, paths, serving, templating
+from kit import catalog, compose, dockerfile, paths, resolve, serving, templating
 from kit.config import StackConfig
 from kit.panel import logo
 
@@ -87,11 +87,12 @@ def command_string(config: StackConfig, name: str) -> str:
     ctx = serving.context(config, name)
     model_path = ctx["model_path"]
     argv = serving.command(config, name)
+    ctx_flags = {a.flag for a in catalog.get(name).serve.args if a.value == "{ctx}"}
     words: list[str] = []
     for i, token in enumerate(argv):
         if token == model_path:
             words.append(f'"{serving.MODEL_MOUNT}/${{MODEL_FILE}}"')
-        elif i > 0 and argv[i - 1] in ("--ctx-size", "--max-model-len") and token == str(ctx["ctx"]):
+        elif i > 0 and argv[i - 1] in ctx_flags and token == str(ctx["ctx"]):
             words.append("${CONTEXT_LENGTH}")
         else:
             words.append(shlex.quote(token).replace("$", "$$"))
@@ -161,6 +162,15 @@ def _yaml(data: Any) -> str:
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=1000)
 
 
+def _mtp_args(config: StackConfig, name: str) -> str:
+    """The serve flags that switch MTP speculative decoding on, for a README to offer (empty if the engine has none)."""
+    rule = catalog.get(name).model_dependent.get("spec_type")
+    if rule is None:
+        return ""
+    settings = config.engine_settings(name)
+    return f"--spec-type {rule.with_mtp} --spec-draft-n-max {settings.get('spec_draft_n_max', 3)}"
+
+
 def app_files(config: StackConfig, name: str) -> dict[str, str | bytes]:
     info = facts()["apps"][name]
     key = info["key"]
@@ -175,7 +185,10 @@ def app_files(config: StackConfig, name: str) -> dict[str, str | bytes]:
         "archs": ", ".join(f"sm_{a}" for a in config.hardware.archs) if gpu else "CPU",
         "nccl": config.nccl.version if gpu else "",
         "entrypoint": " ".join(engine.entrypoint),
-        "spec": bool(settings.get("spec_type")),
+        "speculative": resolve.engine(config, name).speculative,
+        "mtp_args": _mtp_args(config, name),
+        # only engines whose flag table takes serve.concurrency promise it
+        "slots": config.serve.concurrency if any(a.value == "{slots}" for a in engine.serve.args) else 0,
         "model_file": settings.get("model_file") or config.model.file,
     }
     return {

@@ -1,0 +1,139 @@
+"""Resolve the stack once: config + catalog + the model's own header -> the values every output reads.
+
+Some settings cannot be right for every model: speculative decoding with the model's MTP head exists only when the
+GGUF carries MTP layers (llama-server exits at load otherwise), and ``model.ctx: auto`` is whatever fits. They are
+decided here, once per config, from the model file when it is on this machine, and recorded with a note saying
+what was read or assumed. Dockerfile, compose, the 1Panel apps and ``kit plan`` read the result and decide nothing.
+
+Concurrency is a stack fact (``serve.concurrency``): every engine serves that many requests at once, each up to
+``model.ctx`` tokens (llama.cpp: ``--parallel`` slots with ``--kv-unified-per-slot ctx``, so llama-server sizes its
+KV cache to slots x ctx and caps each slot at ctx; vLLM: ``--max-num-seqs``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from kit import catalog
+from kit.config import StackConfig
+from kit.errors import KitError
+from kit.modelinfo import ModelInfo
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class ResolvedEngine:
+    """One engine of the stack, every value decided."""
+
+    name: str
+    flavor: str
+    gpu: bool  # the flavor runs on GPUs and the stack has some
+    settings: Mapping[str, Any]  # catalog defaults + config overrides, model-dependent values decided
+    model_file: str  # inside model.dir
+    host_model_path: Path
+    ctx: int  # the longest single request, in tokens
+    slots: int  # requests served at once
+    notes: tuple[str, ...]  # what was read from the model or assumed without it
+
+    @property
+    def speculative(self) -> bool:
+        return str(self.settings.get("spec_type", "none")) not in ("", "none")
+
+
+def engine(config: StackConfig, name: str) -> ResolvedEngine:
+    """The resolution of ``name`` for this config, computed once (the model header is read at most once)."""
+    cache = config.resolution_cache()
+    if name not in cache:
+        cache[name] = _resolve(config, name)
+    return cache[name]
+
+
+def model_info(config: StackConfig, name: str) -> ModelInfo | None:
+    """The model's header when the file is on this machine, read once per config."""
+    cache = config.resolution_cache()
+    key = f"model:{name}"
+    if key not in cache:
+        path = host_model_path(config, name)
+        cache[key] = None
+        if path.is_file() or path.is_dir():
+            from kit import modelinfo
+
+            try:
+                cache[key] = modelinfo.read(path)
+            except KitError as exc:
+                raise KitError("model.file", exc.problem, "point model.dir / model.file at the model") from None
+    return cache[key]
+
+
+def model_file(config: StackConfig, name: str) -> str:
+    return str(config.engine_settings(name).get("model_file") or config.model.file)
+
+
+def host_model_path(config: StackConfig, name: str) -> Path:
+    return Path(config.model.dir).expanduser() / model_file(config, name)
+
+
+def flavor(config: StackConfig, name: str) -> str:
+    value = config.engine_settings(name)["flavor"]
+    record = catalog.get(name)
+    if value not in record.flavors:
+        raise KitError(f"engines.{name}.flavor", f"unknown flavor {value!r}", f"use one of {sorted(record.flavors)}")
+    return value
+
+
+def _resolve(config: StackConfig, name: str) -> ResolvedEngine:
+    record = catalog.get(name)
+    flavor_name = flavor(config, name)
+    settings = config.engine_settings(name)
+    notes: list[str] = []
+    path = host_model_path(config, name)
+    for key, rule in record.model_dependent.items():
+        if key in settings:
+            settings[key] = _decide(name, key, str(settings[key]), rule, config, path, notes)
+    ctx = config.model.ctx
+    if ctx == AUTO:
+        from kit.plan import auto_ctx
+
+        info = model_info(config, name)
+        if info is None:
+            raise KitError("model.ctx", f"auto needs the model at {path} to plan", "put the model there or set a number")
+        ctx = auto_ctx(config, name, info)
+        notes.append(f"model.ctx auto: {ctx} tokens per request x {config.serve.concurrency} fit (kit plan)")
+    return ResolvedEngine(
+        name=name, flavor=flavor_name, gpu=record.flavors[flavor_name].gpu and config.hardware.gpus > 0,
+        settings=MappingProxyType(settings), model_file=model_file(config, name), host_model_path=path,
+        ctx=int(ctx), slots=config.serve.concurrency, notes=tuple(notes),
+    )
+
+
+def _decide(name: str, key: str, value: str, rule: Any, config: StackConfig, path: Path, notes: list[str]) -> str:
+    """A setting whose right value depends on the model (today: speculative decoding and MTP layers)."""
+    field = f"engines.{name}.{key}"
+    if value != AUTO and value not in rule.needs_mtp:
+        return value
+    info = model_info(config, name)
+    if info is None:
+        if value == AUTO:
+            notes.append(f"{field} auto: {path} is not on this machine, so assumed no MTP layers ({key} "
+                         f"{rule.without_mtp}); render where the model is, or `kit deploy` decides it on the host")
+            return rule.without_mtp
+        notes.append(f"{field} {value}: needs MTP layers; {path} is not on this machine to check")
+        return value
+    marker = f"{info.architecture}.nextn_predict_layers"
+    if value == AUTO:
+        chosen = rule.with_mtp if info.mtp_layers > 0 else rule.without_mtp
+        notes.append(f"{field} auto: {chosen} ({path.name}: {marker} = {info.mtp_layers})")
+        return chosen
+    if info.mtp_layers <= 0:
+        raise KitError(field, f"{value} needs MTP layers and {path.name} has none ({marker} is 0 or absent)",
+                       f"use {key}: auto (or {rule.without_mtp})")
+    return value
+
+
+def notes(config: StackConfig) -> list[str]:
+    """Every note of every engine of the stack, for `kit render` and `kit deploy` to print."""
+    return [note for name in config.engine_names() for note in engine(config, name).notes]

@@ -1,0 +1,102 @@
+"""The resolution stage: settings that depend on the model are decided from its header, once, and said."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from kit import resolve, serving
+from kit.errors import KitError
+from tests.conftest import make_config
+from tests.ggufmodels import write_tiny_llama
+
+MTP_KEY = "llama.nextn_predict_layers"  # llama.cpp src/llama-arch.cpp: LLM_KV_NEXTN_PREDICT_LAYERS "%s.nextn_predict_layers"
+
+
+def stack_with(tmp_path, mtp_layers: int | None, **llama):
+    if mtp_layers is not None:
+        write_tiny_llama(tmp_path / "m.gguf", extra={MTP_KEY: mtp_layers} if mtp_layers else None)
+    return make_config({"model": {"dir": str(tmp_path), "file": "m.gguf"},
+                        **({"engines": {"llama.cpp": llama}} if llama else {})})
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_model_with_mtp_layers_gets_draft_mtp(tmp_path):
+    config = stack_with(tmp_path, 1)
+    argv = serving.command(config, "llama.cpp")
+    assert flag(argv, "--spec-type") == "draft-mtp" and flag(argv, "--spec-draft-n-max") == "3"
+    assert resolve.notes(config) == [
+        "engines.llama.cpp.spec_type auto: draft-mtp (m.gguf: llama.nextn_predict_layers = 1)"]
+
+
+def test_model_without_mtp_layers_gets_no_speculation(tmp_path):
+    config = stack_with(tmp_path, 0)
+    argv = serving.command(config, "llama.cpp")
+    assert "--spec-type" not in argv and "--spec-draft-n-max" not in argv
+    assert resolve.engine(config, "llama.cpp").settings["spec_type"] == "none"
+
+
+def test_explicit_draft_mtp_without_mtp_layers_is_exit_2(tmp_path):
+    config = stack_with(tmp_path, 0, spec_type="draft-mtp")
+    with pytest.raises(KitError) as err:
+        serving.command(config, "llama.cpp")
+    assert err.value.field == "engines.llama.cpp.spec_type"
+    assert "m.gguf has none (llama.nextn_predict_layers is 0 or absent)" in err.value.problem
+    cfg = tmp_path / "kit.yaml"
+    cfg.write_text(yaml.safe_dump({"model": {"dir": str(tmp_path), "file": "m.gguf"},
+                                   "engines": {"llama.cpp": {"spec_type": "draft-mtp"}}}))
+    result = subprocess.run([sys.executable, "-m", "kit", "render", "-c", str(cfg), "-o", str(tmp_path / "out")],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and not (tmp_path / "out").exists()
+    assert result.stderr.strip().startswith("error: engines.llama.cpp.spec_type: draft-mtp needs MTP layers")
+    assert "Traceback" not in result.stderr
+
+
+def test_model_not_here_assumes_none_and_says_so(tmp_path):
+    config = stack_with(tmp_path, None)
+    argv = serving.command(config, "llama.cpp")
+    assert "--spec-type" not in argv
+    (note,) = resolve.notes(config)
+    assert note.startswith("engines.llama.cpp.spec_type auto:") and "is not on this machine" in note
+    explicit = stack_with(tmp_path, None, spec_type="none")
+    assert resolve.notes(explicit) == [] and "--spec-type" not in serving.command(explicit, "llama.cpp")
+
+
+def test_render_prints_the_notes(tmp_path):
+    write_tiny_llama(tmp_path / "m.gguf", extra={MTP_KEY: 2})
+    cfg = tmp_path / "kit.yaml"
+    cfg.write_text(yaml.safe_dump({"model": {"dir": str(tmp_path), "file": "m.gguf"}}))
+    result = subprocess.run([sys.executable, "-m", "kit", "render", "-c", str(cfg), "-o", str(tmp_path / "out")],
+                            capture_output=True, text=True, env={"COLUMNS": "300", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert "note: engines.llama.cpp.spec_type auto: draft-mtp (m.gguf: llama.nextn_predict_layers = 2)" in result.stdout
+    compose = yaml.safe_load((tmp_path / "out/compose.yaml").read_text())
+    assert flag(compose["services"]["llama-cpp"]["command"], "--spec-type") == "draft-mtp"
+
+
+def test_concurrency_drives_every_engine(tmp_path):
+    config = make_config({"serve": {"concurrency": 8}, "model": {"ctx": 4096}})
+    argv = serving.command(config, "llama.cpp")
+    assert (flag(argv, "--parallel"), flag(argv, "--kv-unified-per-slot")) == ("8", "4096")
+    vllm = serving.command(make_config({"stack": {"primary": "vllm"}, "model": {"format": "hf"},
+                                        "serve": {"concurrency": 8}}), "vllm")
+    assert flag(vllm, "--max-num-seqs") == "8"
+
+
+def test_model_header_is_read_once_per_config(tmp_path, monkeypatch):
+    from kit import modelinfo
+
+    config = stack_with(tmp_path, 1)
+    calls = []
+    real = modelinfo.read
+    monkeypatch.setattr(modelinfo, "read", lambda p: calls.append(p) or real(p))
+    from kit import render
+
+    render.collect(config)
+    assert len(calls) == 1, calls
