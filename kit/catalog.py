@@ -25,6 +25,7 @@ class _Record(BaseModel):
 class Flavor(_Record):
     gpu: bool
     cmake: dict[str, str] = Field(default_factory=dict)
+    drops_flags: list[str] = Field(default_factory=list)  # serve flags a build of this flavor cannot take
 
 
 class Source(_Record):

@@ -73,3 +73,22 @@ def start_period_s(config: StackConfig) -> int:
 
 def flavor(config: StackConfig, name: str) -> str:
     return resolve.flavor(config, name)
+
+
+def on_flavor(argv: list[str], name: str, flavor_name: str) -> list[str]:
+    """``argv`` rendered for another flavor, less the flags this flavor's build cannot take (``drops_flags`` in the
+    engine YAML), each with its value: how a GPU preset's command is started on a CPU build."""
+    engine = catalog.get(name)
+    drops = set(engine.flavors[flavor_name].drops_flags)
+    takes_value = {a.flag for a in engine.serve.args if a.value is not None}
+    out: list[str] = []
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        if token in drops:
+            skip = token in takes_value
+            continue
+        out.append(token)
+    return out

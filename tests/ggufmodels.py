@@ -99,14 +99,33 @@ def tensor_shapes(s: dict) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def write_sparse_27b(path: Path, quant: str = "IQ4_XS", shapes: dict | None = None) -> Path:
-    """Header and tensor table of a real-shaped 27B GGUF; the data region is a hole (sparse file)."""
+def add_real_size_vocab(writer, n_vocab: int) -> None:
+    """An SPM vocabulary of ``n_vocab`` tokens (<unk>, <s>, </s>, the 256 byte tokens, then words): the size of a
+    real Qwen vocabulary, so header readers and llama.cpp's loader see a real-shaped tokenizer."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"\u2581w{i}" for i in range(n_vocab - len(tokens))]
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 3 + [0.0] * 256 + [-float(i) for i in range(n_vocab - 259)])
+    writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * (n_vocab - 259))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_chat_template("{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}")
+
+
+def write_sparse_27b(path: Path, quant: str = "IQ4_XS", shapes: dict | None = None, *, arch: str = "qwen3",
+                     vocab: bool = False, extra: dict | None = None) -> Path:
+    """Header and tensor table of a real-shaped 27B GGUF; the data region is a hole (sparse file).
+
+    ``vocab``: add a real-size tokenizer (151,936 tokens); ``arch: llama`` makes a file llama.cpp loads (the
+    qwen3 architecture would also want q/k norm tensors)."""
     import gguf
 
     s = shapes or SHAPES_27B
     qtype = gguf.GGMLQuantizationType[quant]
     block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
-    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name("kit-sparse-27b")
     writer.add_context_length(s["ctx"])
     writer.add_embedding_length(s["n_embd"])
@@ -117,6 +136,11 @@ def write_sparse_27b(path: Path, quant: str = "IQ4_XS", shapes: dict | None = No
     writer.add_key_length(s["head_dim"])
     writer.add_value_length(s["head_dim"])
     writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_dimension_count(s["head_dim"])
+    if vocab:
+        add_real_size_vocab(writer, s["n_vocab"])
+    for key, value in (extra or {}).items():
+        writer.add_uint32(key, value)
     for name, shape in tensor_shapes(s):
         n = int(np.prod(shape))
         if len(shape) == 1:
