@@ -1,0 +1,218 @@
+"""Each GPU preset's rendered llama-server argv on a real GPU, and what 4 users get: default slots vs `--parallel 1`.
+
+Two steps, because the GPU machine has no Docker, no network and no pydantic:
+
+  python benchmarks/gpu_presets.py prepare --dir .gpu     # here: the argv of every preset, a 27B-shape GGUF
+                                                           # header (real 151,936-token vocabulary, no MTP layers)
+                                                           # and the llama.cpp source at kit's ref
+  python3 benchmarks/gpu_presets.py run --dir .gpu --out OUT   # there: build llama-server for that GPU, start
+                                                           # every argv on the sparse model, then the load table
+
+The weights are a hole (zeros), so speeds show the serving shape (slots, batching, KV), not a model's quality;
+speculative decoding is left out (its acceptance rate means nothing on random or zero weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODEL_NAME = "model-27b.gguf"
+# what the source needs to build llama-server (the rest of the tree is docs, models and other tools' data)
+SOURCE_SKIP = ("docs/", "models/", "media/", "benches/", "tests/", "examples/", "gguf-py/", "conversion/", ".git")
+PROMPT_TOKENS, OUTPUT_TOKENS, USERS, ROUNDS = 1291, 128, 4, 3
+
+
+def prepare(folder: Path, source: Path) -> None:
+    from kit import config as cfg, serving
+    from tests.ggufmodels import SHAPES_27B, write_sparse_27b
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model = Path(tempfile.mkdtemp()) / MODEL_NAME  # sparse, 15 GB apparent: never inside what travels
+    write_sparse_27b(model, "Q4_0", {**SHAPES_27B}, arch="llama", vocab=True)
+    # the header (keys, vocabulary, tensor table) travels; the run extends it with a hole to the full size
+    head = _header_length(model)
+    (folder / "model.head").write_bytes(model.open("rb").read(head))
+    presets = {}
+    for name in cfg.presets():
+        config = cfg.from_dict({"preset": name, "model": {"dir": str(model.parent), "file": MODEL_NAME}})
+        if "llama.cpp" not in config.engine_names() or config.hardware.gpus == 0:
+            continue
+        presets[name] = serving.command(config, "llama.cpp")
+    default = presets["dual-v100-nvlink"]
+    old = _without(default, "--parallel", "--kv-unified-per-slot") + ["--ctx-size", "16384", "--parallel", "1"]
+    (folder / "plan.json").write_text(json.dumps({"size": model.stat().st_size, "presets": presets,
+                                                  "load": {"default (--parallel 4)": default,
+                                                           "before (--parallel 1)": old}}, indent=1))
+    with tarfile.open(folder / "llama.cpp.tar.gz", "w:gz") as tar:
+        for path in sorted(source.rglob("*")):
+            rel = path.relative_to(source).as_posix()
+            if path.is_file() and not rel.startswith(SOURCE_SKIP):
+                tar.add(path, arcname=f"llama.cpp/{rel}")
+    print(f"prepared {folder}: {len(presets)} presets, header {head} bytes of {model.stat().st_size}")
+
+
+def _header_length(model: Path) -> int:
+    """Bytes before the tensor data (keys, vocabulary, tensor table, alignment padding)."""
+    from kit import ggufheader
+
+    return ggufheader.read(model).data_offset
+
+
+def _without(argv: list[str], *flags: str) -> list[str]:
+    out, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token in flags:
+            skip = True
+        else:
+            out.append(token)
+    return out
+
+
+def build(folder: Path, out: Path) -> Path:
+    binary = folder / "llama.cpp/build/bin/llama-server"
+    if binary.exists():
+        return binary
+    with tarfile.open(folder / "llama.cpp.tar.gz") as tar:
+        tar.extractall(folder, filter="data")
+    arch = os.environ.get("KIT_GPU_ARCH", "90-real")
+    start = time.monotonic()
+    flags = ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={arch}", "-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_UI=OFF",
+             "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+             "-DLLAMA_OPENSSL=OFF", "-DGGML_CUDA_FA_ALL_QUANTS=OFF", "-DCMAKE_BUILD_TYPE=Release"]
+    log = out / "build.log"
+    with log.open("w") as f:
+        subprocess.run(["cmake", "-S", "llama.cpp", "-B", "llama.cpp/build", *flags], cwd=folder, check=True,
+                       stdout=f, stderr=subprocess.STDOUT)
+        subprocess.run(["cmake", "--build", "llama.cpp/build", "--target", "llama-server", "-j",
+                        str(os.cpu_count() or 4)], cwd=folder, check=True, stdout=f, stderr=subprocess.STDOUT)
+    print(f"built llama-server for sm_{arch} in {time.monotonic() - start:.0f}s", flush=True)
+    return binary
+
+
+def serve(binary: Path, argv: list[str], model: Path, port: int, log: Path) -> subprocess.Popen:
+    argv = [model.as_posix() if a == f"/models/{MODEL_NAME}" else a for a in argv]
+    argv = _without(argv, "--port", "--host") + ["--host", "127.0.0.1", "--port", str(port)]
+    return subprocess.Popen([str(binary), *argv], stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 240) -> float:
+    import requests
+
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}")
+        try:
+            if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                return time.monotonic() - start
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"not healthy in {timeout_s:.0f}s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def load(url: str) -> dict:
+    """USERS clients at once, ROUNDS times: unique ~1291-token prompts, 128 tokens each (ignore_eos)."""
+    from kit import bench
+
+    client = bench.Client(url, None, None, 300)
+    client.probe()
+    samples, start = [], time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(USERS) as pool:
+        futures = [pool.submit(client.one, "load", USERS, f"[{i}] " + "x" * (PROMPT_TOKENS - 10), OUTPUT_TOKENS, 1)
+                   for i in range(USERS * ROUNDS)]
+        samples = [f.result() for f in futures]
+    summary = bench.summarize(samples, time.perf_counter() - start)
+    return {"total_tps": round(summary.output_tps, 1), "ttft_median_s": round(summary.ttft.get("median", 0), 3),
+            "ttft_p90_s": round(summary.ttft.get("p90", 0), 3),
+            "decode_tps_median": round(summary.decode_tps.get("median", 0), 1), "failures": summary.failures,
+            "prompt_tokens": summary.prompt_processed, "errors": summary.errors}
+
+
+def run(folder: Path, out: Path) -> None:
+    import requests
+
+    out.mkdir(parents=True, exist_ok=True)
+    plan = json.loads((folder / "plan.json").read_text())
+    model = folder / MODEL_NAME
+    if not model.exists():
+        model.write_bytes((folder / "model.head").read_bytes())
+        os.truncate(model, plan["size"])
+    binary = build(folder, out)
+    results: dict = {"gpu": subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True).stdout.strip(), "presets": {}, "load": {}}
+    port = 18080
+    for name, argv in plan["presets"].items():
+        port += 1
+        log = out / f"{name}.log"
+        proc = serve(binary, argv, model, port, log)
+        entry: dict = {"argv": argv}
+        try:
+            entry["load_s"] = round(wait_healthy(proc, f"http://127.0.0.1:{port}"), 1)
+            reply = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120, json={
+                "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
+            entry["completion"] = reply.status_code
+            props = requests.get(f"http://127.0.0.1:{port}/props", timeout=10).json()
+            entry["slots"] = props.get("total_slots")
+            entry["n_ctx_slot"] = props.get("default_generation_settings", {}).get("n_ctx")
+            entry["started"] = reply.status_code == 200
+        except Exception as exc:  # noqa: BLE001 - a preset that fails is the result, with its log
+            entry["started"] = False
+            entry["error"] = str(exc)
+        finally:
+            stop(proc)
+        entry["log_tail"] = log.read_text(errors="replace").splitlines()[-6:]
+        results["presets"][name] = entry
+        print(f"{name}: {'started' if entry['started'] else 'FAILED'} {entry.get('load_s', '')}", flush=True)
+    for label, argv in plan["load"].items():
+        port += 1
+        proc = serve(binary, argv, model, port, out / f"load-{label.split()[0]}.log")
+        try:
+            wait_healthy(proc, f"http://127.0.0.1:{port}")
+            results["load"][label] = load(f"http://127.0.0.1:{port}")
+        except Exception as exc:  # noqa: BLE001
+            results["load"][label] = {"error": str(exc)}
+        finally:
+            stop(proc)
+        print(f"{label}: {results['load'][label]}", flush=True)
+    (out / "gpu_presets.json").write_text(json.dumps(results, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("step", choices=["prepare", "run"])
+    parser.add_argument("--dir", type=Path, default=ROOT / ".gpu")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
+    parser.add_argument("--source", type=Path, default=Path.home() / ".cache/kit-tests/llama.cpp")
+    args = parser.parse_args()
+    if args.step == "prepare":
+        prepare(args.dir, args.source)
+    else:
+        run(args.dir, args.out)
+
+
+if __name__ == "__main__":
+    main()
