@@ -37,6 +37,7 @@ class Tensor:
 @dataclass
 class Header:
     version: int
+    data_offset: int = 0  # where the tensor data starts: after the tensor table, aligned to general.alignment
     keys: dict[str, Any] = field(default_factory=dict)
     array_lengths: dict[str, int] = field(default_factory=dict)
     tensors: list[Tensor] = field(default_factory=list)
@@ -115,4 +116,6 @@ def read(path: str | Path) -> Header:
             _read(f, "<Q")  # offset in the data section
             type_name, nbytes = _tensor_bytes(dims, type_id)
             header.tensors.append(Tensor(name, dims, type_id, type_name, nbytes))
+        alignment = int(header.get("general.alignment", 32) or 32)
+        header.data_offset = -(-f.tell() // alignment) * alignment
     return header

@@ -93,16 +93,16 @@ class Plan:
 
 
 def assign_layers(n_layer: int, split: list[float]) -> list[int]:
-    """Device of each layer, as llama.cpp's layer split does it."""
-    total = sum(split)
-    cumulative, acc = [], 0.0
-    for share in split:
-        acc += share / total
-        cumulative.append(acc)
-    devices = []
-    for i in range(n_layer):
-        devices.append(next(d for d, c in enumerate(cumulative) if i / n_layer < c - 1e-12))
-    return devices
+    """Device of each repeating layer, then of the output layer (``n_layer + 1`` entries), as llama.cpp assigns
+    them with every layer offloaded (src/llama-model.cpp, ``load_tensors``: layer ``il`` goes to the first device
+    whose cumulative split share exceeds ``il / (n_layer + 1)`` in float32; the output layer is ``il = n_layer``).
+    So 64 layers over [1, 1] are 33 + 31, and the output layer sits with the last 31."""
+    import numpy as np
+
+    shares = np.cumsum(np.array(split, dtype=np.float32))
+    shares = shares / shares[-1]
+    act = n_layer + 1
+    return [int(np.searchsorted(shares, np.float32(il) / np.float32(act), side="right")) for il in range(act)]
 
 
 def layer_kv_bytes(model: ModelInfo, layer: int, ctx: int, k_type: str, v_type: str, slots: int = 1) -> float:
@@ -138,19 +138,33 @@ def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int |
         host = model.weights_bytes + int(sum(layer_kv_bytes(model, l, ctx, k_type, v_type, slots)
                                              for l in range(model.n_layer)))
         return Plan("llama.cpp", model.summary(), ctx, [], host, ctx, int(settings["batch"]), ub, slots=slots)
-    layer_split = settings["split_mode"] != "none" or gpus is not None  # "one more GPU" assumes a layer split
-    devices = assign_layers(model.n_layer, split) if n_gpu > 1 and layer_split else [0] * model.n_layer
-    for layer, dev in enumerate(devices):
-        plans[dev].layers.append(layer)
-        plans[dev].kv += int(layer_kv_bytes(model, layer, ctx, k_type, v_type, slots))
-    last = devices[-1] if devices else 0
+    mode = "layer" if gpus is not None else str(settings["split_mode"])  # "one more GPU" assumes a layer split
+    if n_gpu == 1 or mode == "none":
+        devices = [0] * (model.n_layer + 1)
+    else:
+        devices = assign_layers(model.n_layer, split)
+    shares = [x / sum(split) for x in split]
+    for layer in range(model.n_layer):
+        plans[devices[layer]].layers.append(layer)
+        kv = layer_kv_bytes(model, layer, ctx, k_type, v_type, slots)
+        if mode == "tensor":  # heads split across the GPUs
+            for p, share in zip(plans, shares):
+                p.kv += int(kv * share)
+        else:  # layer and row: a layer's KV lives on the layer's device
+            plans[devices[layer]].kv += int(kv)
+    last = devices[model.n_layer]
     for t in model.tensors:
-        if t.layer is not None:
-            plans[devices[t.layer]].weights += t.nbytes
-        elif t.name.startswith("token_embd"):
-            host += t.nbytes
-        else:  # output.weight, output_norm: the output layer's device
-            plans[last].weights += t.nbytes
+        if t.name.startswith("token_embd"):
+            host += t.nbytes  # the input layer always stays on the CPU
+            continue
+        home = devices[t.layer] if t.layer is not None else last
+        matrix = t.name.endswith(".weight") and not t.name.endswith("norm.weight")
+        if mode == "tensor" or mode == "row" and matrix:
+            # row: matrices are split by rows over every GPU (ggml's split buffer type); tensor: everything is
+            for p, share in zip(plans, shares):
+                p.weights += int(t.nbytes * share)
+        else:
+            plans[home].weights += t.nbytes
     for p in plans:
         p.compute = compute_bytes(model, ctx, ub, flash, p.index == last)
     return Plan("llama.cpp", model.summary(), ctx, plans, host, 0, int(settings["batch"]), ub, slots=slots)
