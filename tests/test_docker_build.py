@@ -191,6 +191,7 @@ def sm70_image(base_image, llama_source):
     return build.build_engine(config, "llama.cpp", source=llama_source)
 
 
+@pytest.mark.cuda_compile
 def test_sm70_image_has_only_sm70_code_and_the_pinned_nccl(sm70_image):
     results = by_name(verify.verify(sm70_image.tag))
     assert results["cuda-arch"].status == "ok", results["cuda-arch"].detail
@@ -205,6 +206,7 @@ def test_sm70_image_has_only_sm70_code_and_the_pinned_nccl(sm70_image):
     assert sm70_image.labels["io.kit.archs"] == "70" and sm70_image.labels["io.kit.nccl"] == "2.27.3"
 
 
+@pytest.mark.cuda_compile
 def test_fatbin_reader_agrees_with_cuobjdump_on_the_real_library(sm70_image, docker_ready, tmp_path):
     import io
     import tarfile
