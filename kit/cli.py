@@ -32,7 +32,7 @@ def _echo(line: str) -> None:
     out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-STATUS_COLORS = {"ok": "green", "warn": "yellow", "skip": "yellow", "fail": "bold red"}
+STATUS_COLORS = {"ok": "green", "warn": "yellow", "skip": "yellow", "fail": "bold red", "error": "bold red"}
 
 
 def _status_table(title: str, rows: list[tuple[str, str, str]]) -> Table:
@@ -197,7 +197,7 @@ def verify(
         print(verifier.as_json(results))
     else:
         out.print(_status_table(f"kit verify {image}", [(r.name, r.status, r.detail) for r in results]))
-    failed = [r.name for r in results if r.status == "fail"]
+    failed = [r.name for r in results if r.status in ("fail", "error")]
     if failed:
         raise CheckFailed(f"{len(failed)} check(s) failed: {', '.join(failed)}")
 

@@ -56,7 +56,12 @@ class Hardware(Section):
     @field_validator("device_ids", mode="before")
     @classmethod
     def _ids_as_str(cls, value: Any) -> Any:
-        return [str(v) for v in value] if isinstance(value, list) else value
+        if not isinstance(value, list):
+            return value
+        for item in value:
+            if isinstance(item, (dict, list)) or isinstance(item, bool):
+                raise ValueError(f"{item!r} is not a GPU id; list ids like [\"0\", \"1\"]")
+        return [str(v) for v in value]
 
 
 class Cuda(Section):
@@ -219,11 +224,14 @@ def load(path: str | Path | None) -> StackConfig:
     if not file.is_file():
         raise KitError("--config", f"{file} does not exist", "create one with `kit init -o kit.yaml`")
     try:
-        raw = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise KitError("--config", f"{file} is not valid YAML{where}", "fix the indentation or quoting") from None
+    if raw is None:
+        raise KitError("--config", f"{file} is empty",
+                       "start from `kit init -o kit.yaml`, or write at least one line such as `preset: dual-v100-nvlink`")
     return from_dict(raw, origin=str(file))
 
 
@@ -273,15 +281,26 @@ def _check_engines(config: StackConfig) -> None:
         if not isinstance(overrides, dict):
             raise KitError(f"engines.{name}", "must be a mapping of settings", "see `kit engines --settings`")
         defaults = known[name].settings
-        for key, value in overrides.items():
+        for key, value in list(overrides.items()):
             if key not in defaults:
                 raise KitError(f"engines.{name}.{key}", "unknown key", did_you_mean(key, defaults))
+            if isinstance(value, bool) and defaults[key] in SWITCHES:
+                # YAML reads an unquoted on/off as a boolean: for an on/off/auto setting it means on/off
+                overrides[key] = value = "on" if value else "off"
             _check_type(f"engines.{name}.{key}", value, defaults[key])
+
+
+# the values of on/off/auto settings (llama.cpp --flash-attn): YAML turns unquoted on/off into true/false
+SWITCHES = ("on", "off", "auto")
 
 
 def _check_type(field: str, value: Any, default: Any) -> None:
     if default is None or value is None and default == "":
         return
+    if isinstance(default, list) and isinstance(value, list):
+        for i, item in enumerate(value):
+            if isinstance(item, (dict, list)) or item is None:
+                raise KitError(f"{field}[{i}]", f"{item!r} is not a plain value", f"use a list like {default!r}")
     expected: tuple[type, ...]
     if isinstance(default, bool):
         expected = (bool,)

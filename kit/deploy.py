@@ -7,6 +7,7 @@ the model folder, and removes volumes only when asked.
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -95,10 +96,68 @@ def smoke(url: str, key: str | None, model: str, timeout_s: float = 120) -> str:
     return f"{tokens} tokens: {data['choices'][0]['message'].get('content', '')[:60]!r}"
 
 
+ENGINE_UID = 10001  # the non-root user of kit images
+
+
+def require_model(config: StackConfig) -> None:
+    """Every engine's model is on this host and readable: else a missing file waits out the health timeout."""
+    from kit import resolve
+
+    for name in config.engine_names():
+        path = resolve.host_model_path(config, name)
+        field = f"engines.{name}.model_file" if config.engine_settings(name).get("model_file") else "model.file"
+        if not path.exists():
+            raise KitError(field, f"{path} does not exist on this host",
+                           "put the model there, or fix model.dir / model.file in kit.yaml")
+        info = path.stat()
+        if path.is_file() and not info.st_mode & stat.S_IROTH and info.st_uid != ENGINE_UID:
+            raise KitError(field, f"{path} is not readable",
+                           f"chmod a+r {path} (the engine runs as uid 10001)")
+
+
+def require_ports(config: StackConfig) -> None:
+    """Published ports are free, or held by this stack's own containers (a second deploy is a no-op)."""
+    import socket
+
+    ours = {p.get("HostPort") for c in containers(config) for ports in
+            (c.attrs.get("HostConfig", {}).get("PortBindings") or {}).values() for p in (ports or [])}
+    for service in services(config):
+        if str(service.host_port) in ours:
+            continue
+        host = "0.0.0.0" if config.serve.expose else "127.0.0.1"
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, service.host_port))
+            except OSError:
+                holder = _port_holder(service.host_port)
+                raise KitError("serve.port", f"port {service.host_port} ({service.name}) is in use{holder}",
+                               "stop that, or choose another serve.port") from None
+
+
+def _port_holder(port: int) -> str:
+    for c in dockerhost.client().containers.list():
+        for bindings in (c.attrs.get("NetworkSettings", {}).get("Ports") or {}).values():
+            if any(b.get("HostPort") == str(port) for b in bindings or []):
+                return f" by container {c.name}"
+    return " by another process"
+
+
+def preflight(config: StackConfig) -> None:
+    """What `kit deploy` checks before it writes or starts anything."""
+    require_model(config)
+    require_images(config)
+    require_ports(config)
+
+
 def deploy(config: StackConfig, out: Path, timeout_s: float | None = None,
            echo: Callable[[str], None] = print) -> str:
+    from kit import resolve
+
+    preflight(config)
     render.render_stack(config, out)
-    require_images(config)
+    for note in resolve.notes(config):
+        echo(f"note: {note}")
     _compose(out, "up", "-d", "--remove-orphans")
     wait_healthy(config, timeout_s or max(120.0, 2.0 * 60 + 20 * config.model.size_gib), echo)
     url = endpoint(config)

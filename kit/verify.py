@@ -278,6 +278,10 @@ def secrets(ins: Inspection) -> tuple[str, str]:
 
 
 def verify(image: str, only: list[str] | None = None) -> list[Check]:
+    known = [name for name, _ in CHECKS]
+    unknown = [name for name in only or [] if name not in known]
+    if unknown:  # an empty table that exits 0 would read as "all fine"
+        raise KitError("--check", f"unknown check {unknown[0]!r}", f"use one of {', '.join(known)}")
     ins = Inspection(image)
     results: list[Check] = []
     try:
@@ -288,6 +292,8 @@ def verify(image: str, only: list[str] | None = None) -> list[Check]:
                 status, detail = fn(ins)
             except _Skip as skip:
                 status, detail = "skip", str(skip)
+            except Exception as exc:  # noqa: BLE001 - one broken check reports, the others still run
+                status, detail = "error", f"{exc.__class__.__name__}: {str(exc)[:200]}"
             results.append(Check(name, status, detail))
     finally:
         ins.close()

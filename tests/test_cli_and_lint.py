@@ -115,3 +115,10 @@ def test_plain_pip_install_in_fresh_venv_renders(tmp_path):
     assert "site-packages/kit/_data" in subprocess.run(
         [str(env_dir / "bin" / "python"), "-c", "from kit import paths; print(paths.templates_dir())"],
         capture_output=True, text=True, cwd=work).stdout
+
+
+def test_verify_unknown_check_is_an_error_listing_the_valid_ones(tmp_path):
+    result = run(["verify", "any:image", "--check", "nope"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --check: unknown check 'nope'; use one of nccl-runtime, nccl-builder, ")
+    assert "Traceback" not in result.stderr

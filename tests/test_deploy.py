@@ -120,3 +120,25 @@ def test_logs_check_flags_silent_failures(tmp_path):
     names = {f.name for f in logscan.scan(text)}
     assert names == {"nccl-fallback", "no-kernel-image"}
     assert not logscan.scan("all good\nserver listening on 0.0.0.0:8080\n")
+
+
+def test_preflight_stops_before_anything_is_written_or_started(stack, tmp_path, tiny_gguf):
+    path, config = stack("kitci-preflight")
+    raw = yaml.safe_load(path.read_text())
+    raw["model"]["file"] = "missing.gguf"
+    path.write_text(yaml.safe_dump(raw))
+    result = kit("deploy", "-c", str(path), "-o", "out", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("error: model.file: ") and "missing.gguf does not exist on this host" in result.stderr
+    assert not (tmp_path / "out").exists() and not deploy.containers(config)
+
+    # a port held by something else: named, nothing started
+    raw["model"]["file"] = tiny_gguf.name
+    path.write_text(yaml.safe_dump(raw))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", raw["serve"]["port"]))
+        busy.listen()
+        result = kit("deploy", "-c", str(path), "-o", "out", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"serve.port: port {raw['serve']['port']} (llama-cpp) is in use by another process" in result.stderr
+    assert not (tmp_path / "out").exists() and not deploy.containers(config)

@@ -102,7 +102,39 @@ BAD_INPUT = {
                          "engines.llama.cpp.spec_draft_n_max: 'three' has the wrong type; use a value like 3"),
     "unknown preset": ({"preset": "dual-v100"}, None),
     "unknown fallback": ({"stack": {"fallback": "vlm"}}, "stack.fallback: unknown engine 'vlm'; did you mean 'vllm'?"),
+    # a mapping where a list item belongs is an error, never text in the compose file
+    "mapping as a GPU id": ({"hardware": {"device_ids": [{"nested": 1}, "1"]}},
+                            "hardware.device_ids: {'nested': 1} is not a GPU id; list ids like [\"0\", \"1\"]"),
+    "mapping as a split ratio": ({"engines": {"llama.cpp": {"tensor_split": [{"nested": 1}, 1]}}},
+                                 "engines.llama.cpp.tensor_split[0]: {'nested': 1} is not a plain value; "
+                                 "use a list like [1, 1]"),
+    "list as an extra arg": ({"engines": {"llama.cpp": {"extra_args": [["--x"]]}}},
+                             "engines.llama.cpp.extra_args[0]: ['--x'] is not a plain value; use a list like []"),
 }
+
+
+@pytest.mark.parametrize("value,expected", [("on", "on"), ("off", "off"), (True, "on"), (False, "off"),
+                                            ("auto", "auto")])
+def test_on_off_settings_take_yaml_booleans(value, expected, tmp_path):
+    # `flash_attn: off` unquoted is YAML false: it means off, and renders --flash-attn off
+    from kit import config as cfg, serving
+
+    path = tmp_path / "kit.yaml"
+    text = {True: "on", False: "off"}.get(value, f'"{value}"') if isinstance(value, bool) else f'"{value}"'
+    path.write_text(f"engines:\n  llama.cpp:\n    flash_attn: {text}\n")
+    config = cfg.load(path)
+    argv = serving.command(config, "llama.cpp")
+    assert argv[argv.index("--flash-attn") + 1] == expected
+
+
+def test_empty_config_file_says_what_it_needs(tmp_path):
+    from kit import config as cfg
+
+    path = tmp_path / "kit.yaml"
+    path.write_text("# nothing yet\n")
+    with pytest.raises(KitError) as err:
+        cfg.load(path)
+    assert err.value.field == "--config" and "is empty" in err.value.problem and "kit init" in err.value.fix
 
 
 def _error(data):
