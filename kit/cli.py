@@ -18,13 +18,17 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Render, buil
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
-ConfigOpt = typer.Option(None, "--config", "-c", help="Stack config (kit.yaml); default: the dual-V100 NVLink stack.")
+ConfigOpt = typer.Option(None, "--config", "-c",
+                         help="Stack config; default: ./kit.yaml if there is one, else the dual-V100 NVLink stack.")
+DEFAULT_CONFIG = Path("kit.yaml")
 
 
 def _config(path: Optional[Path]):
-    """The validated stack config every verb starts from; no path = the dual-V100 NVLink defaults."""
+    """The validated stack config every verb starts from: -c, else ./kit.yaml, else the dual-V100 NVLink defaults."""
     from kit import rules
 
+    if path is None and DEFAULT_CONFIG.is_file():
+        path = DEFAULT_CONFIG
     return rules.load_valid(str(path) if path else None)
 
 
@@ -224,11 +228,13 @@ def status(config_path: Optional[Path] = ConfigOpt) -> None:
     """The stack's containers and their health."""
     from kit import deploy as deployer
 
-    config = _config(config_path)
-    rows = deployer.status(config)
-    table = Table("service", "role", "state", "container", "image")
+    if config_path is None and not DEFAULT_CONFIG.is_file():
+        rows = deployer.status(None)  # no config here: every stack kit deployed on this host, by its labels
+    else:
+        rows = deployer.status(_config(config_path))
+    table = Table("stack", "service", "role", "state", "container", "image")
     for r in rows:
-        table.add_row(r["service"], r["role"], r["state"], r["container"], r["image"])
+        table.add_row(r["stack"], r["service"], r["role"], r["state"], r["container"], r["image"])
     out.print(table if rows else "no containers (run `kit deploy`)")
 
 

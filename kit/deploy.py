@@ -165,13 +165,19 @@ def deploy(config: StackConfig, out: Path, timeout_s: float | None = None,
     return url
 
 
-def status(config: StackConfig) -> list[dict[str, str]]:
+def status(config: StackConfig | None) -> list[dict[str, str]]:
+    """The stack's containers; with no config, every container kit's labels mark (``io.kit.role``), any stack."""
+    if config is None:
+        found = dockerhost.client().containers.list(all=True, filters={"label": "io.kit.role"})
+    else:
+        found = containers(config)
     rows = []
-    for c in containers(config):
-        rows.append({"service": c.labels.get("com.docker.compose.service", c.name), "container": c.name,
+    for c in found:
+        rows.append({"stack": c.labels.get("com.docker.compose.project", ""),
+                     "service": c.labels.get("com.docker.compose.service", c.name), "container": c.name,
                      "image": c.attrs["Config"]["Image"], "state": health(c),
                      "role": c.labels.get("io.kit.role", "")})
-    return sorted(rows, key=lambda r: r["service"])
+    return sorted(rows, key=lambda r: (r["stack"], r["service"]))
 
 
 def logs(out: Path, tail: int = 2000) -> str:

@@ -84,6 +84,12 @@ def test_deploy_heals_and_redeploys(stack, tmp_path, tiny_gguf):
 
     status = kit("status", "-c", str(path), cwd=tmp_path)
     assert "healthy" in status.stdout
+    # no -c: ./kit.yaml is the stack; with no kit.yaml at all, kit's labels on the running containers find it
+    assert "kitci-single" in kit("status", cwd=tmp_path).stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    found = kit("status", cwd=elsewhere)
+    assert "kitci-single" in found.stdout and "healthy" in found.stdout, found.stdout
     clean = kit("logs", "-o", "out", "--check", cwd=tmp_path)
     assert clean.returncode == 0, clean.stdout
 

@@ -95,6 +95,9 @@ def test_preset_argv_starts_the_real_engine(preset, cpu_image, plain_model, dock
         # llama-server agrees with kit: serve.concurrency slots, each of model.ctx tokens
         assert slots["total_slots"] == config.serve.concurrency
         assert slots["default_generation_settings"]["n_ctx"] == resolve.engine(config, ENGINE).ctx
+        # model.name is the id clients send and see (--alias)
+        models = requests.get(f"{url}/v1/models", timeout=10).json()
+        assert models["data"][0]["id"] == config.model.name
         logs = container.logs().decode()
         assert "exiting due to model loading error" not in logs
 
