@@ -302,7 +302,7 @@ def panel_export(
 
 @panel_app.command("check")
 def panel_check(
-    folder: Path = typer.Argument(..., help="A folder of 1Panel apps (like appstore/ or the store's apps/)."),
+    folder: Path = typer.Argument(..., help="A folder of 1Panel apps (appstore/, the store's apps/) or one app."),
     lenient: bool = typer.Option(False, "--lenient", help="Validator-only rules as warnings (for official apps)."),
 ) -> None:
     """Apply the official validator's and the local-app loader's rules to a folder of apps."""
@@ -388,12 +388,17 @@ def plan(
                  f"KV/heads x {info.head_dim}, {info.weights_bytes / gib:.1f} GiB weights - {name} at ctx {result.ctx}")
         table = Table("GPU", "layers", "weights", "KV cache", "compute", "CUDA ctx", "used", "of", "free", "fits",
                       title=title)
+        if not result.gpus:
+            table = None  # a cpu stack: no GPU table, only host memory
         for g in result.gpus:
             table.add_row(str(g.index), str(len(g.layers)) if g.layers else "-", f"{g.weights / gib:.2f}",
                           f"{g.kv / gib:.2f}", f"{g.compute / gib:.2f}", f"{g.overhead / gib:.2f}",
                           f"{g.used / gib:.2f}", f"{g.total / gib:.1f}", f"{g.free / gib:.2f}",
                           "[green]yes[/]" if g.fits else "[bold red]no[/]")
-        out.print(table)
+        if table is not None:
+            out.print(table)
+        else:
+            _echo(title)
         if result.host_bytes:
             out.print(f"host memory: {result.host_bytes / gib:.2f} GiB (token embeddings{' + all layers' if not result.gpus else ''})")
         out.print(f"serves {result.serves} (serve.concurrency x model.ctx)")

@@ -13,6 +13,7 @@ import yaml
 from kit import config as cfg
 from kit.panel import check, export
 from tests.conftest import ROOT
+from tests.conftest import make_config
 from tests.test_compose import COMPOSE, needs_compose
 
 REFERENCE = ROOT.parent / "shared" / "reference" / "1panel-appstore"
@@ -150,3 +151,20 @@ def test_app_compose_passes_real_compose(app, tmp_path):
     assert command[-3:] == ["--threads", "8", "--verbose"]
     assert service["entrypoint"] and "nvidia_entrypoint" not in service["entrypoint"][0]
     assert service["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0,1"]
+
+
+def test_check_accepts_one_app_folder_as_well_as_a_store():
+    from kit.panel import check
+
+    assert check.check_store(STORE / "llama-cpp-v100") == []
+    assert check.check_store(STORE) == []
+
+
+def test_cpu_stack_exports_only_what_runs_on_cpu():
+    from kit.panel import export
+
+    files = export.export_files(make_config({"preset": "cpu"}))
+    apps = {rel.split("/")[0] for rel in files}
+    assert apps == {"llama-cpp-v100"}  # vLLM and NInfer have no cpu flavor
+    compose = next(v for k, v in files.items() if k.endswith("docker-compose.yml"))
+    assert "deploy" not in compose and "nvidia" not in compose and "GPU_IDS" not in compose

@@ -218,7 +218,14 @@ def official_tags(store_data: Path | None = None) -> set[str]:
 
 def check_store(root: Path, require_logo: bool = True, store_data: Path | None = None,
                 strict: bool = True) -> list[Problem]:
+    """Every app of a store folder, or ``root`` itself when it is one app (it has the app's ``data.yml``)."""
+    if not root.is_dir():
+        from kit.errors import KitError
+
+        raise KitError("FOLDER", f"{root} is not a folder", "pass a folder of apps (appstore/) or one app's folder")
     tags = official_tags(store_data)
+    if (root / "data.yml").is_file():
+        return check_app(root, tags, require_logo, strict)
     problems: list[Problem] = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         problems += check_app(folder, tags, require_logo, strict)

@@ -204,9 +204,15 @@ def app_files(config: StackConfig, name: str) -> dict[str, str | bytes]:
 def export_files(config: StackConfig, names: list[str] | None = None) -> dict[str, str | bytes]:
     """Apps for ``names`` (default: every engine with a 1Panel entry) under the stack's settings."""
     files: dict[str, str | bytes] = {}
-    for name in names or list(facts()["apps"]):
+    for name in names or runnable_apps(config):
         files.update(app_files(config, name))
     return files
+
+
+def runnable_apps(config: StackConfig) -> list[str]:
+    """Engines with a 1Panel entry that can run on this stack: a GPU flavor needs GPUs (a cpu stack gets no vLLM)."""
+    return [name for name in facts()["apps"]
+            if config.hardware.gpus > 0 or not catalog.get(name).flavors[resolve.flavor(config, name)].gpu]
 
 
 def app_key(name: str) -> str:
