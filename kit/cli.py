@@ -241,10 +241,11 @@ def status(config_path: Optional[Path] = ConfigOpt) -> None:
 @app.command()
 def logs(
     output: Path = OutOpt,
+    config_path: Optional[Path] = ConfigOpt,
     check: bool = typer.Option(False, "--check", help="Scan for known silent failures; exit 1 with advice."),
     tail: int = typer.Option(2000, help="Lines per service."),
 ) -> None:
-    """Engine logs; --check finds NCCL fallbacks, missing kernels, bf16 and OOM errors."""
+    """Engine logs; --check finds NCCL fallbacks, missing kernels, bf16, OOM, start-up failures and crash loops."""
     from kit import deploy as deployer
 
     text = deployer.logs(output, tail)
@@ -254,6 +255,8 @@ def logs(
     from kit import logscan
 
     findings = logscan.scan(text)
+    if config_path is not None or DEFAULT_CONFIG.is_file():
+        findings += deployer.crash_loops(_config(config_path))
     for f in findings:
         out.print(f"[bold red]{f.name}[/]: {f.line}", soft_wrap=True)
         out.print(f"  fix: {f.advice}", soft_wrap=True)

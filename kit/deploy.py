@@ -185,8 +185,27 @@ def logs(out: Path, tail: int = 2000) -> str:
     return result.stdout + result.stderr
 
 
-def check_logs(out: Path) -> list[logscan.Finding]:
-    return logscan.scan(logs(out))
+def check_logs(out: Path, config: StackConfig | None = None) -> list[logscan.Finding]:
+    """Known failures in the logs, and (with the config) engines that keep restarting or have exited."""
+    findings = logscan.scan(logs(out))
+    if config is not None:
+        findings += crash_loops(config)
+    return findings
+
+
+def crash_loops(config: StackConfig) -> list[logscan.Finding]:
+    """A container that restarted or exited with an error: the silent failure ``restart: unless-stopped`` makes."""
+    found = []
+    for c in containers(config):
+        c.reload()
+        state = c.attrs.get("State", {})
+        restarts, code = int(c.attrs.get("RestartCount", 0)), int(state.get("ExitCode", 0))
+        name = c.labels.get("com.docker.compose.service", c.name)
+        if state.get("Restarting") or restarts >= 2 or state.get("Status") == "exited" and code != 0:
+            found.append(logscan.Finding(
+                "crash-loop", f"{name}: {state.get('Status')}, restarted {restarts} times, last exit code {code}",
+                "the engine exits at start: the lines above say why; `kit logs` shows the whole log"))
+    return found
 
 
 def down(out: Path, volumes: bool = False) -> None:

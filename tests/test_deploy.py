@@ -14,7 +14,7 @@ import pytest
 import requests
 import yaml
 
-from kit import build, config as cfg, deploy, rules
+from kit import build, config as cfg, deploy, dockerhost, rules
 from kit.services import endpoint
 from tests.conftest import FIXTURES
 
@@ -126,6 +126,50 @@ def test_logs_check_flags_silent_failures(tmp_path):
     names = {f.name for f in logscan.scan(text)}
     assert names == {"nccl-fallback", "no-kernel-image"}
     assert not logscan.scan("all good\nserver listening on 0.0.0.0:8080\n")
+
+
+# Start-up failures as llama-server 0c1e57098 (the cpu build) printed them, one real log excerpt per signature
+STARTUP_LINES = {
+    "model-missing": "0.00.010.962 E gguf_init_from_file: failed to open GGUF file '/models/nope.gguf' "
+                     "(No such file or directory)",
+    "mtp-without-layers": "0.00.031.734 W llama_init_from_model: context type MTP requested but model doesn't "
+                          "contain MTP layers",
+    "bad-flag": "error: invalid argument: --bogus-flag",
+    "compute-buffers": "llama_init_from_model: failed to allocate compute pp buffers",
+}
+
+
+@pytest.mark.parametrize("name", sorted(STARTUP_LINES))
+def test_startup_failures_are_named(name):
+    from kit import logscan
+
+    findings = logscan.scan("0.00.010.403 I srv    load_model: loading model\n" + STARTUP_LINES[name] + "\n")
+    assert [f.name for f in findings] == [name]
+
+
+def test_logs_check_finds_a_crash_loop(stack, tmp_path, cpu_image):
+    """A model that is not there: the engine exits, compose restarts it; --check names the loop and the cause."""
+    path, config = stack("kitci-loop")
+    out = tmp_path / "out"
+    from kit import render
+
+    raw = yaml.safe_load(path.read_text())
+    raw["model"]["file"] = "nope.gguf"
+    path.write_text(yaml.safe_dump(raw))
+    render.render_stack(cfg.load(path), out)  # past the pre-flight, as a stack whose model was moved away
+    subprocess.run([*dockerhost.compose_cmd(), "-f", str(out / "compose.yaml"),
+                    "--env-file", str(out / ".env"), "up", "-d"], check=True, capture_output=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        c = deploy.containers(config)[0]
+        c.reload()
+        if c.attrs.get("RestartCount", 0) >= 2:
+            break
+        time.sleep(2)
+    result = kit("logs", "-o", "out", "--check", "-c", str(path), cwd=tmp_path)
+    assert result.returncode == 1, result.stdout
+    assert "model-missing" in result.stdout and "nope.gguf" in result.stdout
+    assert "crash-loop" in result.stdout and "restarted" in result.stdout
 
 
 def test_preflight_stops_before_anything_is_written_or_started(stack, tmp_path, tiny_gguf):
