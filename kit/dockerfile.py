@@ -98,7 +98,9 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
     nccl = nccl_facts(config, name) if gpu else None
     ref = str(settings.get("ref") or engine.source.ref or engine.version)
 
-    cmake_flags: dict[str, str] = dict(engine.build.cmake)
+    # "{ref}" in a catalog value is the pinned ref (llama.cpp's LLAMA_BUILD_COMMIT: a source tree without .git
+    # would otherwise report "commit unknown" in --version)
+    cmake_flags: dict[str, str] = {k: v.replace("{ref}", ref) for k, v in engine.build.cmake.items()}
     cmake_flags.update(flavor.cmake)
     if gpu:
         cmake_flags["CMAKE_CUDA_ARCHITECTURES"] = f'"{archs.cmake(arch_list)}"'

@@ -26,6 +26,8 @@ def test_cpu_image_verifies(cpu_image):
         assert results[name].status == "ok", (name, results[name].detail)
     for name in ("nccl-runtime", "nccl-builder", "cuda-arch"):
         assert results[name].status == "skip", (name, results[name].detail)
+    # the tag and --version name the same source: the pinned ref
+    assert "commit 0c1e57098" in results["runs"].detail and "0c1e57098" in cpu_image.tag, results["runs"].detail
     assert cpu_image.labels["io.kit.engine"] == "llama.cpp"
     assert cpu_image.size_bytes > 0 and cpu_image.nccl_pin is None
 
