@@ -124,8 +124,9 @@ def test_bad_url_and_key_are_one_line_errors():
         bench.Client("http://127.0.0.1:9", None, None, 5).probe()
     assert "nothing answers" in err.value.line()
     with StreamServer(api_key="sekrit") as server:
-        with pytest.raises(KitError):
+        with pytest.raises(KitError) as err:
             bench.run(server.url, api_key="wrong", names=["short"], concurrency=[1], requests_per=1, warmup=0)
+    assert err.value.field == "--api-key" and "refused the key (401)" in err.value.problem
 
 
 def test_cli_table_json_plot_roofline_and_compare(tmp_path):

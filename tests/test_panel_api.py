@@ -147,8 +147,9 @@ def test_unknown_param_and_bad_url(panel):
     with pytest.raises(KitError) as failure:
         api.install(client, STORE / "llama-cpp-v100", "x", {"MODEL": "a"}, poll_s=0.01, echo=lambda _l: None)
     assert "MODEL" in failure.value.line() and "MODEL_FILE" in failure.value.line()
-    with pytest.raises(KitError):
+    with pytest.raises(KitError) as bad:
         api.PanelClient("10.0.0.5:10086", KEY)
+    assert bad.value.field == "--url"
 
 
 def test_copy_to_local_dir(panel, tmp_path):

@@ -220,8 +220,9 @@ def test_ctx_auto_renders_the_planned_context(tmp_path):
 def test_not_a_gguf(tmp_path):
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"nope")
-    with pytest.raises(KitError):
+    with pytest.raises(KitError) as err:
         modelinfo.read(bad)
+    assert err.value.field == "MODEL" and "is not a readable GGUF file" in err.value.problem
 
 
 def _hf_model(folder, total_bytes):

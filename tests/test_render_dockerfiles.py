@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -127,19 +128,26 @@ def test_wheel_engine_installs_offline_from_wheelhouse():
     assert json.loads(re.findall(r"^ENTRYPOINT (.+)$", text, flags=re.M)[-1]) == ["/opt/venv/bin/ninfer", "serve"]
 
 
-def test_render_is_atomic(configure, tmp_path):
+def test_render_is_atomic(configure, tmp_path, monkeypatch):
     out = tmp_path / "out"
     render.render_stack(configure({}), out)
-    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    files = render.collect(configure({"preset": "cpu"}), out)
 
-    def boom(config):
-        raise RuntimeError("template exploded")
+    # the disk fills up halfway through writing the new tree: the old output must stay whole
+    written = []
+    real_write = Path.write_text
 
-    render.PRODUCERS.append(boom)
-    try:
-        with pytest.raises(RuntimeError):
-            render.render_stack(configure({"preset": "cpu"}), out)
-    finally:
-        render.PRODUCERS.remove(boom)
-    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    def write_then_fail(self, *args, **kwargs):
+        written.append(self)
+        if len(written) == 3:
+            raise OSError(28, "No space left on device")
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_then_fail)
+    with pytest.raises(OSError):
+        render.write_tree(out, files)
+    monkeypatch.undo()
+    assert len(written) == 3, "the failure happened during the write"
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["out"], "no temp folder left behind"
