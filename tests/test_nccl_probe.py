@@ -1,0 +1,106 @@
+"""The NCCL probe and the build's NCCL check, exercised without Docker or a GPU.
+
+`nccl-version.c` is compiled with gcc and run against stub `libnccl.so.2` files that export `ncclGetVersion` with a
+chosen code (nccl.h's NCCL_VERSION_CODE: major*1000 + minor*100 + patch below 2.9, major*10000 + minor*100 + patch
+from 2.9 on); `nccl-check.sh` runs with a stub `kit-nccl-version` on PATH.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, require
+
+CONTEXT = ROOT / "templates" / "dockerfile" / "context"
+GCC = shutil.which("gcc") or shutil.which("cc")
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> Path:
+    require("GCC", GCC is not None, "no C compiler (apt-get install gcc)")
+    out = tmp_path_factory.mktemp("probe") / "kit-nccl-version"
+    subprocess.run([GCC, "-O2", "-o", str(out), str(CONTEXT / "nccl-version.c"), "-ldl"], check=True)
+    return out
+
+
+def stub_nccl(folder: Path, code: int | None, result: int = 0) -> Path:
+    """A libnccl.so.2 whose ncclGetVersion reports ``code`` (None: the symbol is missing)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    src = folder / "nccl.c"
+    body = f"int ncclGetVersion(int *v) {{ *v = {code}; return {result}; }}\n" if code is not None else "int other(void) { return 0; }\n"
+    src.write_text(body)
+    lib = folder / "libnccl.so.2"
+    subprocess.run([GCC, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return lib
+
+
+@pytest.mark.parametrize("code,expected", [
+    (22703, "2.27.3"),   # 2 * 10000 + 27 * 100 + 3
+    (23203, "2.32.3"),
+    (2804, "2.8.4"),     # before 2.9: 2 * 1000 + 8 * 100 + 4
+    (21901, "2.19.1"),
+])
+def test_probe_decodes_the_version_code(probe, tmp_path, code, expected):
+    lib = stub_nccl(tmp_path / str(code), code)
+    result = subprocess.run([str(probe), str(lib)], capture_output=True, text=True)
+    assert (result.returncode, result.stdout.strip()) == (0, expected), result.stderr
+
+
+def test_probe_resolves_libnccl_as_the_loader_does(probe, tmp_path):
+    stub_nccl(tmp_path / "lib", 22703)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path / "lib")}
+    result = subprocess.run([str(probe)], capture_output=True, text=True, env=env)
+    assert result.stdout.strip() == "2.27.3"
+
+
+def test_probe_fails_without_nccl_or_its_symbol(probe, tmp_path):
+    missing = subprocess.run([str(probe), str(tmp_path / "none.so")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "cannot load" in missing.stderr
+    no_symbol = subprocess.run([str(probe), str(stub_nccl(tmp_path / "nosym", None))], capture_output=True, text=True)
+    assert no_symbol.returncode == 3 and "ncclGetVersion failed" in no_symbol.stderr
+    failing = subprocess.run([str(probe), str(stub_nccl(tmp_path / "err", 22703, result=1))], capture_output=True,
+                             text=True)
+    assert failing.returncode == 3
+
+
+def check(tmp_path: Path, seen: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    """nccl-check.sh with a stub kit-nccl-version that prints ``seen`` (None: exits 2, as with no libnccl)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "kit-nccl-version"
+    stub.write_text("#!/bin/sh\n" + (f"echo {seen}\n" if seen else "echo 'cannot load' >&2; exit 2\n"))
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    return subprocess.run(["sh", str(CONTEXT / "nccl-check.sh"), *args], capture_output=True, text=True, env=env)
+
+
+def test_check_passes_on_the_pin(tmp_path):
+    result = check(tmp_path, "2.27.3", "builder", "2.27.3")
+    assert result.returncode == 0 and "NCCL 2.27.3 in the builder stage matches nccl.version 2.27.3" in result.stdout
+
+
+def test_check_fails_on_another_version(tmp_path):
+    result = check(tmp_path, "2.32.3", "runtime", "2.27.3")
+    assert result.returncode == 1
+    assert "the loader resolves NCCL 2.32.3 but nccl.version pins 2.27.3" in result.stderr
+
+
+def test_check_fails_without_nccl(tmp_path):
+    result = check(tmp_path, None, "runtime", "2.27.3")
+    assert result.returncode == 1 and "libnccl.so.2 cannot be loaded" in result.stderr
+
+
+def test_check_compares_the_runtime_with_what_the_builder_saw(tmp_path):
+    builder = tmp_path / "nccl-builder.txt"
+    builder.write_text("2.26.2\n")
+    # runtime equals the pin, but the builder compiled against another NCCL: that is the seeds' 20 % trap
+    result = check(tmp_path, "2.27.3", "runtime", "2.27.3", str(builder))
+    assert result.returncode == 1
+    assert "loads NCCL 2.27.3 but the builder compiled against NCCL 2.26.2" in result.stderr
+    builder.write_text("2.27.3\n")
+    assert check(tmp_path, "2.27.3", "runtime", "2.27.3", str(builder)).returncode == 0
