@@ -405,6 +405,10 @@ def plan(
         if result.host_bytes:
             out.print(f"host memory: {result.host_bytes / gib:.2f} GiB (token embeddings{' + all layers' if not result.gpus else ''})")
         out.print(f"serves {result.serves} (serve.concurrency x model.ctx)")
+        if info.context_length and result.ctx > info.context_length:
+            from kit.resolve import trained_length_note
+
+            _echo(f"warning: {trained_length_note(result.ctx, info)}")
         if result.kv_tokens is not None:
             out.print(f"KV pool holds {result.kv_tokens} tokens (gpu_memory_utilization)")
         else:

@@ -95,14 +95,17 @@ def _resolve(config: StackConfig, name: str) -> ResolvedEngine:
         if key in settings:
             settings[key] = _decide(name, key, str(settings[key]), rule, config, path, notes)
     ctx = config.model.ctx
+    info = model_info(config, name) if ctx == AUTO or path.exists() else None
     if ctx == AUTO:
         from kit.plan import auto_ctx
 
-        info = model_info(config, name)
         if info is None:
             raise KitError("model.ctx", f"auto needs the model at {path} to plan", "put the model there or set a number")
         ctx = auto_ctx(config, name, info)
-        notes.append(f"model.ctx auto: {ctx} tokens per request x {config.serve.concurrency} fit (kit plan)")
+        capped = " (capped at what the model was trained for)" if ctx == info.context_length else ""
+        notes.append(f"model.ctx auto: {ctx} tokens per request x {config.serve.concurrency} fit{capped} (kit plan)")
+    elif info is not None and info.context_length and int(ctx) > info.context_length:
+        notes.append(trained_length_note(int(ctx), info))
     return ResolvedEngine(
         name=name, flavor=flavor_name, gpu=record.flavors[flavor_name].gpu and config.hardware.gpus > 0,
         settings=MappingProxyType(settings), model_file=model_file(config, name), host_model_path=path,
@@ -132,6 +135,14 @@ def _decide(name: str, key: str, value: str, rule: Any, config: StackConfig, pat
         raise KitError(field, f"{value} needs MTP layers and {path.name} has none ({marker} is 0 or absent)",
                        f"use {key}: auto (or {rule.without_mtp})")
     return value
+
+
+def trained_length_note(ctx: int, info: ModelInfo) -> str:
+    """A context past the model's trained length: llama-server caps each slot there unless RoPE is scaled."""
+    factor = -(-ctx // info.context_length)
+    return (f"model.ctx {ctx} is longer than {Path(info.path).name} was trained for ({info.context_length}): "
+            f"llama-server caps each request at {info.context_length}; a longer context needs RoPE scaling, e.g. "
+            f"extra_args [--rope-scaling, yarn, --rope-scale, '{factor}'] (quality drops)")
 
 
 def notes(config: StackConfig) -> list[str]:

@@ -31,8 +31,8 @@ def test_model_with_mtp_layers_gets_draft_mtp(tmp_path):
     config = stack_with(tmp_path, 1)
     argv = serving.command(config, "llama.cpp")
     assert flag(argv, "--spec-type") == "draft-mtp" and flag(argv, "--spec-draft-n-max") == "3"
-    assert resolve.notes(config) == [
-        "engines.llama.cpp.spec_type auto: draft-mtp (m.gguf: llama.nextn_predict_layers = 1)"]
+    assert resolve.notes(config)[0] == \
+        "engines.llama.cpp.spec_type auto: draft-mtp (m.gguf: llama.nextn_predict_layers = 1)"
 
 
 def test_model_without_mtp_layers_gets_no_speculation(tmp_path):
@@ -100,3 +100,13 @@ def test_model_header_is_read_once_per_config(tmp_path, monkeypatch):
 
     render.collect(config)
     assert len(calls) == 1, calls
+
+
+def test_context_past_the_trained_length_is_said(tmp_path):
+    write_tiny_llama(tmp_path / "m.gguf", ctx=4096)
+    config = make_config({"model": {"dir": str(tmp_path), "file": "m.gguf", "ctx": 16384}})
+    (note,) = [n for n in resolve.notes(config) if n.startswith("model.ctx")]
+    # 16384 / 4096 = 4: the RoPE scale that would stretch it
+    assert "longer than m.gguf was trained for (4096)" in note and "--rope-scale, '4'" in note
+    within = make_config({"model": {"dir": str(tmp_path), "file": "m.gguf", "ctx": 4096}})
+    assert not [n for n in resolve.notes(within) if n.startswith("model.ctx")]
