@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -94,12 +95,18 @@ class Progress:
     """Turns the daemon's JSON stream into step lines, elapsed time, and a tail kept for failures."""
 
     STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")
+    HEARTBEAT_S = 30  # a long step (the compile) still says it is alive, with its latest output line
 
-    def __init__(self, echo: Callable[[str], None], verbose: bool = False) -> None:
-        self.echo, self.verbose = echo, verbose
+    def __init__(self, echo: Callable[[str], None], verbose: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.echo, self.verbose, self.clock = echo, verbose, clock
         self.step = ""
         self.tail: deque[str] = deque(maxlen=25)
-        self.start = time.monotonic()
+        self.start = self.last_echo = clock()
+
+    def say(self, line: str) -> None:
+        self.last_echo = self.clock()
+        self.echo(f"[{self.last_echo - self.start:6.0f}s] {line}")
 
     def feed(self, chunk: dict) -> None:
         if "error" in chunk:
@@ -111,13 +118,20 @@ class Progress:
                 continue
             match = self.STEP.match(line)
             if match:
-                self.step = line
-                elapsed = time.monotonic() - self.start
-                self.echo(f"[{elapsed:6.0f}s] {' '.join(line.split())[:150]}")
+                self.step = " ".join(line.split())[:150]
+                self.say(self.step)
             else:
                 self.tail.append(line.rstrip())
                 if self.verbose:
                     self.echo(f"         {line.rstrip()[:200]}")
+                elif self.clock() - self.last_echo >= self.HEARTBEAT_S:
+                    self.say(f"  ... {self.step.split(' : ')[0]}: {line.strip()[:120]}")
+
+    def tick_until(self, done: threading.Event) -> None:
+        """While one step prints nothing (nvcc on one file can take minutes), say so every HEARTBEAT_S."""
+        while not done.wait(5):
+            if self.step and self.clock() - self.last_echo >= self.HEARTBEAT_S:
+                self.say(f"  ... {self.step.split(' : ')[0]}: still running")
 
     def failure(self, detail: str) -> str:
         lines = "\n".join(f"    {l}" for l in self.tail)
@@ -159,8 +173,14 @@ def run_build(ctx: Path, tag: str, *, target: str | None = None, no_cache: bool 
     progress = Progress(echo, verbose)
     stream = dockerhost.client().api.build(path=str(ctx), tag=tag, target=target, nocache=no_cache, rm=True,
                                            forcerm=True, decode=True, buildargs={"BUILD_JOBS": str(jobs)})
-    for chunk in stream:
-        progress.feed(chunk)
+    done = threading.Event()
+    ticker = threading.Thread(target=progress.tick_until, args=(done,), daemon=True)
+    ticker.start()
+    try:
+        for chunk in stream:
+            progress.feed(chunk)
+    finally:
+        done.set()
 
 
 def push_image(tag: str, echo: Callable[[str], None]) -> None:

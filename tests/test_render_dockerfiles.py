@@ -151,3 +151,20 @@ def test_render_is_atomic(configure, tmp_path, monkeypatch):
     assert len(written) == 3, "the failure happened during the write"
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["out"], "no temp folder left behind"
+
+
+def test_build_progress_has_a_heartbeat_during_a_long_step():
+    """Not on a terminal, a 10-minute compile must still print a line at least every 30 s."""
+    from kit.build import Progress
+
+    now = [0.0]
+    lines: list[str] = []
+    progress = Progress(lines.append, clock=lambda: now[0])
+    progress.feed({"stream": "Step 21/34 : RUN cmake --build build -j 2\n"})
+    for t, out in [(10, "[ 10%] Building C object a.o"), (25, "[ 20%] b.o"), (31, "[ 30%] c.o"), (40, "[ 40%] d.o"),
+                   (62, "[ 50%] e.o")]:
+        now[0] = t
+        progress.feed({"stream": out + "\n"})
+    assert lines == ["[     0s] Step 21/34 : RUN cmake --build build -j 2",
+                     "[    31s]   ... Step 21/34: [ 30%] c.o",
+                     "[    62s]   ... Step 21/34: [ 50%] e.o"]
