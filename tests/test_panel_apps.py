@@ -50,15 +50,18 @@ def test_exported_app_shape():
     assert not version.name.startswith("v")
     fields = yaml.safe_load((version / "data.yml").read_text())["additionalProperties"]["formFields"]
     by_key = {f["envKey"]: f for f in fields}
-    assert set(by_key) == {"PANEL_APP_PORT_HTTP", "MODEL_DIR", "MODEL_FILE", "CONTEXT_LENGTH", "GPU_IDS", "API_KEY",
-                           "EXTRA_ARGS"}
+    assert set(by_key) == {"PANEL_APP_PORT_HTTP", "MODEL_DIR", "MODEL_FILE", "CONTEXT_LENGTH", "GPU_ID_1",
+                           "GPU_ID_2", "API_KEY", "EXTRA_ARGS"}
     assert by_key["PANEL_APP_PORT_HTTP"]["type"] == "number" and by_key["PANEL_APP_PORT_HTTP"]["rule"] == "paramPort"
     assert by_key["API_KEY"]["type"] == "password" and by_key["API_KEY"]["random"] is True
-    assert by_key["GPU_IDS"]["default"] == "0,1" and by_key["CONTEXT_LENGTH"]["default"] == 16384
+    assert (by_key["GPU_ID_1"]["default"], by_key["GPU_ID_2"]["default"]) == (0, 1)
+    assert by_key["GPU_ID_2"]["type"] == "number" and by_key["GPU_ID_2"]["labelEn"] == "GPU 2 id (nvidia-smi index)"
+    assert by_key["CONTEXT_LENGTH"]["default"] == 16384
     service = yaml.safe_load((version / "docker-compose.yml").read_text())["services"]["llama-cpp-v100"]
     assert service["container_name"] == "${CONTAINER_NAME}" and service["labels"] == {"createdBy": "Apps"}
     assert service["entrypoint"] == ["/app/llama-server"]
-    assert service["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["${GPU_IDS}"]
+    # one entry per GPU: what CDI resolves (nvidia.com/gpu=0, nvidia.com/gpu=1)
+    assert service["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["${GPU_ID_1}", "${GPU_ID_2}"]
     assert service["ports"] == ["${PANEL_APP_PORT_HTTP}:8080"]
     assert (STORE / "llama-cpp-v100/logo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -150,7 +153,7 @@ def test_app_compose_passes_real_compose(app, tmp_path):
     assert command[command.index("--model") + 1] == "/models/My Model Q4.gguf"
     assert command[-3:] == ["--threads", "8", "--verbose"]
     assert service["entrypoint"] and "nvidia_entrypoint" not in service["entrypoint"][0]
-    assert service["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0,1"]
+    assert service["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0", "1"]
 
 
 def test_check_accepts_one_app_folder_as_well_as_a_store():
@@ -167,4 +170,4 @@ def test_cpu_stack_exports_only_what_runs_on_cpu():
     apps = {rel.split("/")[0] for rel in files}
     assert apps == {"llama-cpp-v100"}  # vLLM and NInfer have no cpu flavor
     compose = next(v for k, v in files.items() if k.endswith("docker-compose.yml"))
-    assert "deploy" not in compose and "nvidia" not in compose and "GPU_IDS" not in compose
+    assert "deploy" not in compose and "nvidia" not in compose and "GPU_ID" not in compose

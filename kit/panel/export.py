@@ -43,8 +43,14 @@ def version_name(config: StackConfig, name: str) -> str:
     return dockerfile.image_tag(config, name).rsplit(":", 1)[1].lstrip("vV")
 
 
-def _field(env_key: str, default: Any, type_: str, required: bool = True, **extra: Any) -> dict[str, Any]:
-    labels = localized(facts()["fields"][env_key])
+def gpu_field_keys(config: StackConfig) -> list[str]:
+    """One form field per GPU of the stack: GPU_ID_1, GPU_ID_2, ..."""
+    return [f"GPU_ID_{i + 1}" for i in range(len(config.hardware.device_ids))]
+
+
+def _field(env_key: str, default: Any, type_: str, required: bool = True, label: str = "", n: int = 0,
+           **extra: Any) -> dict[str, Any]:
+    labels = {lang: text.replace("{n}", str(n)) for lang, text in localized(facts()["fields"][label or env_key]).items()}
     body: dict[str, Any] = {
         "default": default,
         "edit": True,
@@ -70,7 +76,9 @@ def form_fields(config: StackConfig, name: str) -> list[dict[str, Any]]:
         _field("CONTEXT_LENGTH", serving.context(config, name)["ctx"], "number"),
     ]
     if gpu:
-        fields.append(_field("GPU_IDS", ",".join(config.hardware.device_ids), "text"))
+        for i, (key, device) in enumerate(zip(gpu_field_keys(config), config.hardware.device_ids)):
+            fields.append(_field(key, int(device) if device.isdigit() else device, "number" if device.isdigit()
+                                 else "text", label="GPU_ID", n=i + 1))
     if engine.serve.api_key_env:
         fields.append(_field("API_KEY", "kitapikey", "password", random=True, rule="paramComplexity"))
     fields.append(_field("EXTRA_ARGS", "", "text", required=False))
@@ -117,9 +125,9 @@ def compose_for(config: StackConfig, name: str, key: str) -> dict[str, Any]:
     }
     if flavor.gpu:
         service["ulimits"] = dict(compose.GPU_ULIMITS)
-        # one device_ids entry "0,1": Docker joins DeviceIDs with "," for the NVIDIA runtime, so a single
-        # comma-separated value selects the same GPUs as a list, and a form field can fill it
-        service["deploy"] = compose.gpu_block(["${GPU_IDS}"])
+        # one device_ids entry per GPU, each from its own form field: CDI (Docker >= 29.2) resolves
+        # nvidia.com/gpu=0 and nvidia.com/gpu=1, never nvidia.com/gpu=0,1
+        service["deploy"] = compose.gpu_block([f"${{{key}}}" for key in gpu_field_keys(config)])
     service["healthcheck"] = compose.healthcheck(config, name)
     service["logging"] = compose.logging_block()
     service["labels"] = {"createdBy": "Apps"}
