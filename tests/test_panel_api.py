@@ -1,7 +1,16 @@
 """`kit panel install` against a stand-in 1Panel (a contract test: 1Panel itself cannot run here).
 
-The stand-in implements the routes the install flow uses, the response envelope (errors as HTTP 200 with another
-`code`), and the token check md5("1panel" + key + timestamp) with the timestamp window.
+The stand-in follows 1Panel's own Go source (1Panel-dev/1Panel), not the client's guesses:
+- routes: agent/router/ro_app.go (`apps/sync/local`, `apps/search`, `apps/:key`, `apps/detail/:appId/:version/:type`,
+  `apps/install`, `apps/installed/check`, `apps/installed/search`); `apps/local/upload` exists only on newer v2
+  panels (`has_upload`), and gin answers a missing route with HTTP 404 "404 page not found";
+- `SearchApp` -> repo `WithByLikeName`: `name like ? or short_desc_zh like ? or short_desc_en like ?`, never the key;
+- `GetApp` -> `response.AppDTO`: `model.App` embedded (flat `id`, `key`, `name`, ...), `installed`, `versions`,
+  `tags` - no `app` wrapper; an unknown key is an error envelope;
+- `CheckAppInstalled` -> `response.AppInstalledCheck` (`isExist`, `name`, `app`, `version`, `status`, `appInstallId`,
+  `containerName`, `installPath`, `httpPort`, `httpsPort`): no `message`;
+- `SearchAppInstalled` -> page of `AppInstallDTO` (`model.AppInstall`: `name`, `status`, `message`, ...);
+- the envelope (errors as HTTP 200 with another `code`) and the token check md5("1panel" + key + timestamp).
 """
 
 from __future__ import annotations
@@ -30,13 +39,16 @@ def envelope(data=None, code=200, message=""):
 
 
 class FakePanel:
-    def __init__(self, fail_with: str | None = None):
+    def __init__(self, fail_with: str | None = None, has_upload: bool = True):
         self.apps: dict[str, dict] = {}
         self.uploaded: list[str] = []
         self.installs: dict[str, dict] = {}
         self.install_bodies: list[dict] = []
+        self.routes: list[str] = []
         self.polls = 0
         self.fail_with = fail_with
+        self.has_upload = has_upload
+        self.pending: dict | None = None
 
     def authorized(self, request: Request) -> bool:
         ts = request.headers.get("1Panel-Timestamp", "")
@@ -45,38 +57,48 @@ class FakePanel:
             return False
         return tok == hashlib.md5(f"1panel{KEY}{ts}".encode()).hexdigest()
 
+    def read_app(self, blob: bytes) -> dict:
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+            names = tar.getnames()
+            data = yaml.safe_load(tar.extractfile(f"{names[0]}/data.yml").read())
+            versions = sorted({n.split("/")[1] for n in names if n.endswith("/docker-compose.yml")})
+            form = {v: yaml.safe_load(tar.extractfile(f"{names[0]}/{v}/data.yml").read()) for v in versions}
+        props = data["additionalProperties"]
+        return {"key": "local" + props["key"], "id": 7, "name": props["name"], "versions": versions, "form": form,
+                "shortDescZh": props.get("shortDescZh", ""), "shortDescEn": props.get("shortDescEn", "")}
+
     def __call__(self, request: Request) -> Response:
+        path = request.path.removeprefix("/api/v2")
+        self.routes.append(path)
+        if path == "/apps/local/upload" and not self.has_upload:
+            return Response("404 page not found", status=404, content_type="text/plain")
         if not self.authorized(request):
             return envelope(code=401, message="API 接口密钥错误")
-        path = request.path.removeprefix("/api/v2")
         body = request.get_json(silent=True) or {}
         if path == "/apps/local/upload":
-            upload = request.files["file"]
-            with tarfile.open(fileobj=io.BytesIO(upload.read()), mode="r:gz") as tar:
-                names = tar.getnames()
-                data = yaml.safe_load(tar.extractfile(f"{names[0]}/data.yml").read())
-                versions = sorted({n.split("/")[1] for n in names if n.endswith("/docker-compose.yml")})
-                form = {v: yaml.safe_load(tar.extractfile(f"{names[0]}/{v}/data.yml").read()) for v in versions}
-            key = "local" + data["additionalProperties"]["key"]
-            self.uploaded.append(key)
-            self.pending = {"key": key, "id": 7, "name": data["additionalProperties"]["name"], "versions": versions,
-                            "form": form}
-            return envelope({"apps": [names[0]]})
+            app = self.read_app(request.files["file"].read())
+            self.uploaded.append(app["key"])
+            self.apps[app["key"]] = app  # the upload syncs the local apps itself
+            return envelope(None)
         if path == "/apps/sync/local":
-            if getattr(self, "pending", None):
+            if self.pending:
                 self.apps[self.pending["key"]] = self.pending
             return envelope()
         if path == "/apps/search":
-            assert body["resource"] == "local" and body["showCurrentArch"] is False
-            items = [{"id": a["id"], "key": k, "name": a["name"]} for k, a in self.apps.items()]
+            # WithByLikeName: display name and short descriptions, never the key
+            needle = body.get("name", "").lower()
+            items = [{"id": a["id"], "key": k, "name": a["name"]} for k, a in self.apps.items()
+                     if not needle or needle in a["name"].lower() or needle in a["shortDescZh"].lower()
+                     or needle in a["shortDescEn"].lower()]
             return envelope({"items": items, "total": len(items)})
         if path.startswith("/apps/detail/"):
             _, _, _, app_id, version, kind = path.split("/")
             app = next(a for a in self.apps.values() if str(a["id"]) == app_id)
-            return envelope({"id": 70 + app["versions"].index(version), "params": app["form"][version]["additionalProperties"]})
+            return envelope({"id": 70 + app["versions"].index(version), "version": version, "enable": True,
+                             "params": app["form"][version]["additionalProperties"]})
         if path == "/apps/install":
             self.install_bodies.append(body)
-            self.installs[body["name"]] = {"status": "Installing"}
+            self.installs[body["name"]] = {"status": "Installing", "message": ""}
             return envelope({"id": 1, "name": body["name"], "status": "Installing"})
         if path == "/apps/installed/check":
             self.polls += 1
@@ -84,13 +106,23 @@ class FakePanel:
             if self.polls >= 2:
                 state["status"] = self.fail_with or "Running"
                 state["message"] = "compose up failed: image not found" if self.fail_with else ""
-            return envelope({"isExist": True, "name": body["name"], "status": state["status"],
-                             "message": state.get("message", ""), "httpPort": 8080})
+            # response.AppInstalledCheck: no message field
+            return envelope({"isExist": True, "name": body["name"], "app": body["key"], "version": "x",
+                             "status": state["status"], "appInstallId": 1, "containerName": "c",
+                             "installPath": "/opt/1panel/apps/local/x", "httpPort": 8080, "httpsPort": 0})
+        if path == "/apps/installed/search":
+            items = [{"name": n, "status": s["status"], "message": s["message"]} for n, s in self.installs.items()
+                     if body.get("name", "") in n]
+            return envelope({"items": items, "total": len(items)})
         if path.startswith("/apps/"):
             key = path.removeprefix("/apps/")
-            app = self.apps[key]
-            return envelope({"app": {"id": app["id"], "key": key}, "versions": app["versions"]})
-        return Response("not found", status=404)
+            app = self.apps.get(key)
+            if app is None:  # appService.GetApp: record not found
+                return envelope(code=500, message="record not found")
+            # response.AppDTO: model.App embedded, flat
+            return envelope({"id": app["id"], "key": key, "name": app["name"], "installed": False,
+                             "versions": app["versions"], "tags": []})
+        return Response("404 page not found", status=404, content_type="text/plain")
 
 
 @pytest.fixture
@@ -119,7 +151,32 @@ def test_install_flow(panel):
     assert body["pullImage"] is False and body["gpuConfig"] is False and body["advanced"] is True
     assert body["params"]["MODEL_FILE"] == "qwen.gguf" and body["params"]["PANEL_APP_PORT_HTTP"] == 8080
     assert all(not isinstance(v, bool) for v in body["params"].values())
-    assert any("synced" in line for line in lines)
+    # the upload syncs by itself: no second sync; the app is fetched by its key, never searched by name
+    assert "/apps/sync/local" not in fake.routes and "/apps/search" not in fake.routes
+    assert "/apps/localllama-cpp-v100" in fake.routes
+    assert any("127.0.0.1 of the panel host" in line for line in lines)
+
+
+def test_search_by_key_finds_nothing_on_a_real_panel(panel):
+    """Why the client asks GET /apps/:key: 1Panel's search matches names and descriptions, not keys."""
+    fake, url = panel
+    client = api.PanelClient(url, KEY)
+    client.upload(STORE / "llama-cpp-v100")
+    found = client.call("POST", "/apps/search", json={"page": 1, "pageSize": 50, "name": "localllama-cpp-v100"})
+    assert found["items"] == []
+    assert client.find_app("localllama-cpp-v100")["versions"]
+
+
+def test_panel_without_upload_says_to_copy(httpserver):
+    import re
+
+    fake = FakePanel(has_upload=False)
+    httpserver.expect_request(re.compile(r"^/api/v2/.*")).respond_with_handler(fake)
+    client = api.PanelClient(httpserver.url_for("/").rstrip("/"), KEY)
+    with pytest.raises(KitError) as err:
+        api.install(client, STORE / "llama-cpp-v100", "x", {}, poll_s=0.01, echo=lambda _l: None)
+    assert err.value.field == "--local-dir" and "no app upload (HTTP 404)" in err.value.problem
+    assert "/opt/1panel/resource/apps/local" in err.value.fix
 
 
 def test_wrong_key_is_an_error_even_inside_http_200(panel):

@@ -2,8 +2,17 @@
 
 Auth: ``1Panel-Token = md5("1panel" + API key + timestamp)`` with ``1Panel-Timestamp`` (works on every version).
 Envelope: ``{"code": 200, "message": "", "data": ...}``; errors often arrive as HTTP 200 with another ``code``, so the
-``code`` decides. Flow: upload (or copy) -> sync local apps -> search -> app -> detail (appDetailId) -> install ->
-poll ``installed/check`` until Running or an error state.
+``code`` decides. Flow, as 1Panel's own Go source has it (agent/router/ro_app.go, agent/app/api/v2/app.go,
+agent/app/dto/response/app.go):
+
+- upload the app (``POST /apps/local/upload``, newer v2 panels; it syncs by itself), or copy it into the local-apps
+  folder and ``POST /apps/sync/local`` (v1: ``/apps/sync``);
+- ``GET /apps/:key`` with the local key (``local`` + key): a flat ``AppDTO`` (``model.App`` fields, ``versions``).
+  Not ``/apps/search``: its ``name`` filter matches display names and short descriptions, never the key;
+- ``GET /apps/detail/:appId/:version/app`` -> ``AppDetailDTO`` (``id`` = appDetailId, ``params.formFields``);
+- ``POST /apps/install`` (``AppInstallCreate``), then poll ``POST /apps/installed/check`` (``AppInstalledCheck``:
+  status, httpPort; it has no message), and take a failure's reason from ``POST /apps/installed/search``
+  (``AppInstallDTO.message``).
 """
 
 from __future__ import annotations
@@ -24,7 +33,8 @@ import yaml
 from kit.errors import CheckFailed, KitError
 
 RUNNING = "Running"
-FAILED = {"UpErr", "InstallErr", "Error", "DownloadErr", "UnHealthy"}
+# agent/constant/app.go status names; Restarting and Installing are waited out
+FAILED = {"UpErr", "InstallErr", "Error", "DownloadErr", "UnHealthy", "Stopped"}
 
 
 def token(api_key: str, timestamp: str) -> str:
@@ -64,21 +74,40 @@ class PanelClient:
 
     # --- the routes the install flow uses
     def upload(self, app_dir: Path) -> Any:
+        """Upload the app (newer v2 panels; it syncs the local apps itself). Older panels have no such route."""
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
             tar.add(app_dir, arcname=app_dir.name)
         files = {"file": (f"{app_dir.name}.tar.gz", buffer.getvalue(), "application/gzip")}
-        return self.call("POST", "/apps/local/upload", files=files, data={"overwrite": "true"})
+        try:
+            reply = self.session.post(self.base + "/apps/local/upload", files=files, data={"overwrite": "true"},
+                                      headers=self.headers(), timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise CheckFailed(f"1Panel at {self.base} is unreachable: {exc.__class__.__name__}") from None
+        try:
+            body = reply.json()
+        except ValueError:
+            body = None
+        if reply.status_code == 404 or body is None:
+            raise KitError("--local-dir", f"this 1Panel ({self.version}) has no app upload (HTTP {reply.status_code})",
+                           f"copy the app on the panel host instead: kit panel install ... --local-dir "
+                           f"/opt/1panel/resource/apps/local (or scp -r {app_dir} <panel-host>:"
+                           f"/opt/1panel/resource/apps/local/ and pass --local-dir there)")
+        if body.get("code") != 200:
+            raise CheckFailed(f"POST /apps/local/upload: 1Panel code {body.get('code')}: {body.get('message', '')}")
+        return body.get("data")
+
+    def find_app(self, key: str) -> dict[str, Any] | None:
+        """The app by its panel key (``GET /apps/:key``), or None while the sync has not listed it yet."""
+        try:
+            return self.call("GET", f"/apps/{key}")
+        except CheckFailed:
+            return None
 
     def sync_local(self) -> Any:
         if self.version == "v1":
             return self.call("POST", "/apps/sync", json={})
         return self.call("POST", "/apps/sync/local", json={"taskID": str(uuid.uuid4())})
-
-    def search(self, name: str) -> list[dict[str, Any]]:
-        data = self.call("POST", "/apps/search", json={"page": 1, "pageSize": 50, "name": name,
-                                                       "resource": "local", "showCurrentArch": False})
-        return (data or {}).get("items") or []
 
     def app(self, key: str) -> dict[str, Any]:
         return self.call("GET", f"/apps/{key}")
@@ -91,6 +120,16 @@ class PanelClient:
 
     def installed(self, key: str, name: str) -> dict[str, Any]:
         return self.call("POST", "/apps/installed/check", json={"key": key, "name": name})
+
+    def install_message(self, name: str) -> str:
+        """The reason 1Panel recorded for an install (``AppInstallDTO.message``); AppInstalledCheck has none."""
+        try:
+            data = self.call("POST", "/apps/installed/search", json={"page": 1, "pageSize": 100, "name": name,
+                                                                       "all": True})
+        except CheckFailed:
+            return ""
+        items = (data or {}).get("items") or []
+        return next((str(i.get("message") or "") for i in items if i.get("name") == name), "")
 
 
 def _local_version(app_dir: Path) -> str:
@@ -112,25 +151,24 @@ def install(client: PanelClient, app_dir: Path, name: str, params: dict[str, str
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(app_dir, target)
         echo(f"copied {app_dir.name} into {local_dir}")
+        client.sync_local()
+        echo("synced local apps")
     else:
         client.upload(app_dir)
-        echo(f"uploaded {app_dir.name}")
-    client.sync_local()
-    echo("synced local apps")
+        echo(f"uploaded {app_dir.name} (the upload syncs the local apps)")
     panel_key = f"local{key}"
     deadline = time.monotonic() + 60
-    item = None
-    while item is None:
-        item = next((i for i in client.search(key) if i.get("key") in (panel_key, key)), None)
-        if item is None:
-            if time.monotonic() > deadline:
-                raise CheckFailed(f"1Panel did not list app {key} after syncing (check the app with `kit panel check`)")
-            time.sleep(poll_s)
-    app = client.app(item["key"])
+    app = client.find_app(panel_key)
+    while app is None:  # the sync runs in the background on the panel
+        if time.monotonic() > deadline:
+            raise CheckFailed(f"1Panel does not list app {panel_key} 60 s after syncing "
+                              f"(check the app with `kit panel check {app_dir}`)")
+        time.sleep(poll_s)
+        app = client.find_app(panel_key)
     versions = [v if isinstance(v, str) else v.get("version") for v in app.get("versions") or []]
     if version not in versions:
         raise CheckFailed(f"1Panel lists versions {versions} for {key}, not {version}")
-    detail = client.detail(app["app"]["id"] if "app" in app else app["id"], version)
+    detail = client.detail(app["id"], version)
     defaults = {f["envKey"]: f["default"] for f in (detail.get("params") or {}).get("formFields") or []}
     unknown = sorted(set(params) - set(defaults))
     if unknown:
@@ -146,6 +184,8 @@ def install(client: PanelClient, app_dir: Path, name: str, params: dict[str, str
         "containerName": "", "taskID": str(uuid.uuid4()),
     })
     echo(f"install started: {installed.get('name', name)} ({installed.get('status', 'Installing')})")
+    if not allow_port:
+        echo("the port is published on 127.0.0.1 of the panel host only (pass --allow-port to open it)")
     deadline = time.monotonic() + timeout_s
     while True:
         state = client.installed(panel_key, name)
@@ -153,7 +193,8 @@ def install(client: PanelClient, app_dir: Path, name: str, params: dict[str, str
         if status == RUNNING:
             return state
         if status in FAILED:
-            raise CheckFailed(f"1Panel install of {name} ended in {status}: {state.get('message', '')}")
+            reason = client.install_message(name) or "1Panel gave no reason; see the app's log in the panel"
+            raise CheckFailed(f"1Panel install of {name} ended in {status}: {reason}")
         if time.monotonic() > deadline:
             raise CheckFailed(f"1Panel install of {name} still {status or 'unknown'} after {timeout_s:.0f}s")
         time.sleep(poll_s)
