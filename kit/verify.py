@@ -30,10 +30,18 @@ SECRET_PATTERNS = [
     re.compile(r"\bhf_[A-Za-z0-9]{20,}"),
     re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"),
     re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
+    re.compile(r"\bnvapi-[A-Za-z0-9_-]{20,}"),
+    re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"),
+    re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"),
     re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
     re.compile(r"(?i)\b(api[_-]?key|token|secret|passw(or)?d)\b\s*[=:]\s*['\"]?[^\s'\"$]{8,}"),
 ]
-SECRET_ENV_NAME = re.compile(r"(?i)(API_?KEY|TOKEN|SECRET|PASSWORD)$")
+# a name that says "secret" anywhere: AWS_SECRET_ACCESS_KEY, NGC_API_KEY, HF_TOKEN, DB_PASSWORD, GCP_CREDENTIALS
+SECRET_ENV_NAME = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)")
+# where credentials get left behind in a filesystem (find -path patterns)
+SECRET_FILES = ["*/.cache/huggingface/token", "*/.huggingface/token", "*/.netrc", "*/.docker/config.json",
+                "*/.git-credentials", "*/.aws/credentials", "*/.ssh/id_*", "*.pem"]
+SHELLS = {"sh", "bash", "dash", "ash", "zsh", "ksh", "busybox", "env"}
 
 
 @dataclass
@@ -149,13 +157,27 @@ def entrypoint(ins: Inspection) -> tuple[str, str]:
         return "fail", f"shell-form ENTRYPOINT {entry}: use exec form with the engine binary"
     if any(NVIDIA_ENTRYPOINT in part for part in entry):
         return "fail", f"ENTRYPOINT is {entry[0]}: a compose command starting with a flag gets eaten; use the engine binary"
+    if Path(entry[0]).name in SHELLS:  # before the manifest: an image can write any manifest it likes
+        return "fail", f"ENTRYPOINT runs a shell ({entry[0]}), not the engine: {json.dumps(entry)}"
     expected = (ins.manifest or {}).get("entrypoint")
     if expected and entry != expected:
         return "fail", f"ENTRYPOINT {entry} is not the engine's {expected}"
     binary = ins.host.file(entry[0])
     if not binary.exists or not binary.mode & 0o111:
         return "fail", f"{entry[0]} is missing or not executable"
+    magic = ins.host.run(f"head -c 4 {shlex.quote(entry[0])} | od -An -c").stdout.split()
+    if magic[:4] != ["177", "E", "L", "F"] and not _declared_script(ins, entry[0]):
+        return "fail", f"{entry[0]} is a script, not the engine binary: it may exec anything (or nvidia_entrypoint.sh)"
     return "ok", f"exec form {json.dumps(entry)}"
+
+
+def _declared_script(ins: Inspection, path: str) -> bool:
+    """A wheel engine's entrypoint is its console script: allowed when the manifest declares that recipe."""
+    manifest = ins.manifest or {}
+    if manifest.get("recipe") != "wheel" or (manifest.get("entrypoint") or [None])[0] != path:
+        return False
+    shebang = ins.host.run(f"head -n 1 {shlex.quote(path)}").stdout.strip()
+    return bool(re.match(r"#!\S*/python3?(\.\d+)?$", shebang))  # pip's console script, nothing else
 
 
 def engine_files(ins: Inspection) -> list[str]:
@@ -242,10 +264,13 @@ def runs(ins: Inspection) -> tuple[str, str]:
 
 @check("user")
 def user(ins: Inspection) -> tuple[str, str]:
-    value = (ins.config.get("User") or "").split(":")[0]
-    if value in ("", "0", "root"):
-        return "fail", "runs as root; add a USER"
-    return "ok", f"runs as {value}"
+    declared = (ins.config.get("User") or "").split(":")[0]
+    uid = ins.host.run("id -u").stdout.strip()  # the throwaway container runs as the image's USER
+    if not uid.isdigit():
+        raise RuntimeError(f"`id -u` gave {uid!r}")
+    if uid == "0":
+        return "fail", f"runs as uid 0 (USER {declared or 'unset'}); add a non-root USER"
+    return "ok", f"runs as uid {uid}" + (f" ({declared})" if declared and declared != uid else "")
 
 
 @check("healthcheck")
@@ -272,9 +297,15 @@ def secrets(ins: Inspection) -> tuple[str, str]:
         created = layer.get("CreatedBy") or ""
         if any(p.search(created) for p in SECRET_PATTERNS):
             hits.append(f"history: {created.strip()[:80]}")
+    clauses = " -o ".join(f"-path {shlex.quote(p)}" for p in SECRET_FILES)
+    # as root: a credential in /root is still in the image, whoever the engine runs as
+    found = ins.container.exec_run(["sh", "-c", f"find / -xdev \\( -path /proc -o -path /sys \\) -prune -o -type f "
+                                                f"\\( {clauses} \\) -size +0 -print 2>/dev/null"], user="0")
+    hits += [f"file {line}" for line in found.output.decode(errors="replace").splitlines()
+             if line and not line.startswith(("/etc/ssl/", "/usr/share/ca-certificates/", "/usr/lib/ssl/"))]
     if hits:
         return "fail", "key-like values in " + "; ".join(hits[:5])
-    return "ok", "no key-like values in env, labels or history"
+    return "ok", "no key-like values in env, labels, history or credential files"
 
 
 def verify(image: str, only: list[str] | None = None) -> list[Check]:
