@@ -55,16 +55,22 @@ class PanelClient:
         ts = str(int(time.time()))
         return {"1Panel-Token": token(self.api_key, ts), "1Panel-Timestamp": ts}
 
-    def call(self, method: str, path: str, json: Any = None, files: Any = None, data: Any = None) -> Any:
+    def send(self, method: str, path: str, **kwargs: Any) -> tuple[requests.Response, dict[str, Any] | None]:
+        """One request with the token headers: the reply, and its JSON envelope (None when it is not JSON)."""
         try:
-            reply = self.session.request(method, self.base + path, json=json, files=files, data=data,
-                                         headers=self.headers(), timeout=self.timeout_s)
+            reply = self.session.request(method, self.base + path, headers=self.headers(), timeout=self.timeout_s,
+                                         **kwargs)
         except requests.RequestException as exc:
             raise CheckFailed(f"1Panel at {self.base} is unreachable: {exc.__class__.__name__}") from None
         try:
-            body = reply.json()
+            return reply, reply.json()
         except ValueError:
-            raise CheckFailed(f"{method} {path}: HTTP {reply.status_code}, not a 1Panel JSON reply") from None
+            return reply, None
+
+    def call(self, method: str, path: str, json: Any = None, files: Any = None, data: Any = None) -> Any:
+        reply, body = self.send(method, path, json=json, files=files, data=data)
+        if body is None:
+            raise CheckFailed(f"{method} {path}: HTTP {reply.status_code}, not a 1Panel JSON reply")
         code = body.get("code")
         if code != 200:
             message = body.get("message") or body.get("msg") or ""
@@ -79,15 +85,7 @@ class PanelClient:
         with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
             tar.add(app_dir, arcname=app_dir.name)
         files = {"file": (f"{app_dir.name}.tar.gz", buffer.getvalue(), "application/gzip")}
-        try:
-            reply = self.session.post(self.base + "/apps/local/upload", files=files, data={"overwrite": "true"},
-                                      headers=self.headers(), timeout=self.timeout_s)
-        except requests.RequestException as exc:
-            raise CheckFailed(f"1Panel at {self.base} is unreachable: {exc.__class__.__name__}") from None
-        try:
-            body = reply.json()
-        except ValueError:
-            body = None
+        reply, body = self.send("POST", "/apps/local/upload", files=files, data={"overwrite": "true"})
         if reply.status_code == 404 or body is None:
             raise KitError("--local-dir", f"this 1Panel ({self.version}) has no app upload (HTTP {reply.status_code})",
                            f"copy the app on the panel host instead: kit panel install ... --local-dir "
