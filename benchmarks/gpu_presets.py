@@ -201,15 +201,59 @@ def run(folder: Path, out: Path) -> None:
     (out / "gpu_presets.json").write_text(json.dumps(results, indent=1))
 
 
+def memory(folder: Path, out: Path) -> None:
+    """What llama.cpp allocates for the default slots vs one slot vs a unified pool: its own log lines and
+    nvidia-smi's used memory once the server is up."""
+    import re
+
+    out.mkdir(parents=True, exist_ok=True)
+    plan = json.loads((folder / "plan.json").read_text())
+    model = folder / MODEL_NAME
+    if not model.exists():
+        model.write_bytes((folder / "model.head").read_bytes())
+        os.truncate(model, plan["size"])
+    binary = build(folder, out)
+    default = plan["load"]["default (--parallel 4)"]
+    variants = {"--parallel 4 --kv-unified-per-slot 16384 (kit)": default,
+                "--parallel 4 --kv-unified-per-slot 16384 --kv-unified": default + ["--kv-unified"],
+                "--parallel 1 --ctx-size 16384 (before)": plan["load"]["before (--parallel 1)"]}
+    results = {}
+    port = 18200
+    for label, argv in variants.items():
+        port += 1
+        log = out / f"memory-{port}.log"
+        proc = serve(binary, argv + ["-lv", "4"], model, port, log)
+        try:
+            wait_healthy(proc, f"http://127.0.0.1:{port}")
+            used = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True).stdout.strip()
+            text = log.read_text(errors="replace")
+            results[label] = {
+                "gpu_used_mib": int(used.splitlines()[0]) if used else None,
+                "kv": re.findall(r"KV buffer size = +([0-9.]+) MiB", text),
+                "compute": re.findall(r"CUDA0 compute buffer size = +([0-9.]+) MiB", text),
+                "model": re.findall(r"CUDA0 model buffer size = +([0-9.]+) MiB", text),
+                "slots": re.findall(r"n_slots = \d+, n_ctx_slot = \d+, kv_unified = '\w+'", text),
+            }
+        except Exception as exc:  # noqa: BLE001
+            results[label] = {"error": str(exc)}
+        finally:
+            stop(proc)
+        print(f"{label}: {results[label]}", flush=True)
+    (out / "gpu_memory.json").write_text(json.dumps(results, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["prepare", "run"])
+    parser.add_argument("step", choices=["prepare", "run", "memory"])
     parser.add_argument("--dir", type=Path, default=ROOT / ".gpu")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
     parser.add_argument("--source", type=Path, default=Path.home() / ".cache/kit-tests/llama.cpp")
     args = parser.parse_args()
     if args.step == "prepare":
         prepare(args.dir, args.source)
+    elif args.step == "memory":
+        memory(args.dir, args.out)
     else:
         run(args.dir, args.out)
 
