@@ -143,10 +143,22 @@ def _port_holder(port: int) -> str:
     return " by another process"
 
 
+def require_gpus(config: StackConfig) -> None:
+    """A GPU flavor needs Docker to hand out NVIDIA GPUs; else compose fails late with a driver error."""
+    from kit import doctor, resolve
+
+    gpu = [n for n in config.engine_names() if resolve.engine(config, n).gpu]
+    if gpu and not doctor.gpu_runtime(dockerhost.client().info()):
+        raise KitError("hardware.gpus", f"{', '.join(gpu)} runs on GPUs, but this Docker has no NVIDIA runtime or "
+                       "CDI spec", "install nvidia-container-toolkit and run `nvidia-ctk runtime configure` "
+                       "(`kit doctor` checks it), or use the cpu preset")
+
+
 def preflight(config: StackConfig) -> None:
     """What `kit deploy` checks before it writes or starts anything."""
     require_model(config)
     require_images(config)
+    require_gpus(config)
     require_ports(config)
 
 

@@ -169,14 +169,22 @@ def check_topology(config: StackConfig, links: dict[tuple[int, int], str], repor
                    + ("; tensor/row split will be slow: prefer split_mode layer" if status == "warn" else ""))
 
 
+def has_cdi_spec() -> bool:
+    return any(d.is_dir() and any(d.glob("nvidia*.y*ml")) for d in CDI_DIRS)
+
+
+def gpu_runtime(info: dict[str, Any]) -> bool:
+    """Docker can hand NVIDIA GPUs to a container: the nvidia runtime is registered, or a CDI spec exists."""
+    return "nvidia" in (info.get("Runtimes") or {}) or has_cdi_spec()
+
+
 def check_docker(report: Report, info: dict[str, Any] | None, compose_ok: bool, gpu: bool = True) -> None:
     if info is None:
         report.add("docker", "fail", "Docker daemon unreachable: install docker.io and start dockerd")
         return
     report.add("docker", "ok", f"Docker {info.get('ServerVersion', '?')}, storage {info.get('Driver', '?')}")
-    runtimes = info.get("Runtimes") or {}
-    cdi = any(d.is_dir() and any(d.glob("nvidia*.y*ml")) for d in CDI_DIRS)
-    if "nvidia" in runtimes or cdi:
+    cdi = has_cdi_spec()
+    if gpu_runtime(info):
         report.add("gpu-runtime", "ok", "NVIDIA runtime registered" + (" (CDI spec found)" if cdi else ""))
     elif not gpu:
         report.add("gpu-runtime", "ok", "no NVIDIA runtime; not needed by this CPU-only stack")

@@ -122,3 +122,26 @@ def test_no_driver_has_its_own_exit_code(fake_smi, tmp_path):
                             cwd=tmp_path)
     assert result.returncode == 3
     assert json.loads(result.stdout)["exit_code"] == 3
+
+
+def test_deploy_preflight_wants_a_gpu_runtime_for_gpu_flavors(monkeypatch, tmp_path):
+    """`kit deploy` of a GPU stack on a Docker without the NVIDIA runtime stops before anything starts."""
+    import pytest as _pytest
+
+    from kit import deploy, dockerhost, doctor
+    from kit.errors import KitError
+    from tests.conftest import make_config
+
+    class NoGpuDocker:
+        def info(self):
+            return {"ServerVersion": "28.2", "Runtimes": {"runc": {}}}
+
+    monkeypatch.setattr(dockerhost, "client", lambda: NoGpuDocker())
+    monkeypatch.setattr(doctor, "CDI_DIRS", [tmp_path / "cdi"])
+    with _pytest.raises(KitError) as err:
+        deploy.require_gpus(make_config({}))
+    assert err.value.field == "hardware.gpus" and "no NVIDIA runtime or CDI spec" in err.value.problem
+    deploy.require_gpus(make_config({"preset": "cpu"}))  # a cpu stack needs none
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi" / "nvidia.yaml").write_text("cdiVersion: 0.5.0\n")
+    deploy.require_gpus(make_config({}))  # a CDI spec is enough
