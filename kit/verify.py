@@ -40,7 +40,9 @@ SECRET_PATTERNS = [
 SECRET_ENV_NAME = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)")
 # where credentials get left behind in a filesystem (find -path patterns)
 SECRET_FILES = ["*/.cache/huggingface/token", "*/.huggingface/token", "*/.netrc", "*/.docker/config.json",
-                "*/.git-credentials", "*/.aws/credentials", "*/.ssh/id_*", "*.pem"]
+                "*/.git-credentials", "*/.aws/credentials", "*/.ssh/id_*"]
+# key files: flagged when they hold a private key (CA bundles such as certifi's cacert.pem hold certificates only)
+KEY_FILES = ["*.pem", "*.key"]
 SHELLS = {"sh", "bash", "dash", "ash", "zsh", "ksh", "busybox", "env"}
 
 
@@ -297,15 +299,21 @@ def secrets(ins: Inspection) -> tuple[str, str]:
         created = layer.get("CreatedBy") or ""
         if any(p.search(created) for p in SECRET_PATTERNS):
             hits.append(f"history: {created.strip()[:80]}")
-    clauses = " -o ".join(f"-path {shlex.quote(p)}" for p in SECRET_FILES)
-    # as root: a credential in /root is still in the image, whoever the engine runs as
-    found = ins.container.exec_run(["sh", "-c", f"find / -xdev \\( -path /proc -o -path /sys \\) -prune -o -type f "
-                                                f"\\( {clauses} \\) -size +0 -print 2>/dev/null"], user="0")
-    hits += [f"file {line}" for line in found.output.decode(errors="replace").splitlines()
-             if line and not line.startswith(("/etc/ssl/", "/usr/share/ca-certificates/", "/usr/lib/ssl/"))]
+    hits += [f"file {line}" for line in _secret_files(ins)]
     if hits:
         return "fail", "key-like values in " + "; ".join(hits[:5])
     return "ok", "no key-like values in env, labels, history or credential files"
+
+
+def _secret_files(ins: Inspection) -> list[str]:
+    """Credential files anywhere in the image, searched as root (a token in /root is still in the image)."""
+    prune = "find / -xdev \\( -path /proc -o -path /sys \\) -prune -o -type f"
+    named = " -o ".join(f"-path {shlex.quote(p)}" for p in SECRET_FILES)
+    keys = " -o ".join(f"-name {shlex.quote(p)}" for p in KEY_FILES)
+    script = (f"{prune} \\( {named} \\) -size +0 -print 2>/dev/null; "
+              f"{prune} \\( {keys} \\) -exec grep -l 'PRIVATE KEY-----' {{}} + 2>/dev/null")
+    found = ins.container.exec_run(["sh", "-c", script], user="0")
+    return [line for line in found.output.decode(errors="replace").splitlines() if line.startswith("/")]
 
 
 def verify(image: str, only: list[str] | None = None) -> list[Check]:

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.docker]
 GOOD = """
 FROM {base}
 RUN cp /usr/bin/true /app-engine && mkdir -p /app /opt/kit && mv /app-engine /app/llama-server \\
- && useradd -u 10001 -m kit
+ && useradd -u 10001 -m kit && cp /etc/ssl/certs/ca-certificates.crt /opt/kit/cacert.pem
 COPY manifest.json /opt/kit/manifest.json
 USER 10001
 HEALTHCHECK CMD ["/app/llama-server"]
@@ -50,6 +50,9 @@ DEFECTS = {
                       "secrets", ".cache/huggingface/token"),
     "git-credentials-file": ("USER root\nRUN echo https://u:p@example.invalid > /root/.git-credentials\nUSER 10001",
                              "secrets", ".git-credentials"),
+    "private-key-file": ("USER root\nRUN mkdir -p /opt/tls && printf -- '-----BEGIN RSA PRIVATE KEY-----\\nMIIEow\\n"
+                         "-----END RSA PRIVATE KEY-----\\n' > /opt/tls/server.pem\nUSER 10001", "secrets",
+                         "/opt/tls/server.pem"),
     "no-healthcheck": ('HEALTHCHECK NONE', "healthcheck", "no HEALTHCHECK"),
 }
 
