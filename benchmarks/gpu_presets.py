@@ -152,16 +152,21 @@ def load(url: str) -> dict:
             "prompt_tokens": summary.prompt_processed, "errors": summary.errors}
 
 
-def run(folder: Path, out: Path) -> None:
-    import requests
-
+def setup(folder: Path, out: Path) -> tuple[dict, Path, Path]:
+    """The plan, the sparse model (header + a hole to the full size) and llama-server built for this GPU."""
     out.mkdir(parents=True, exist_ok=True)
     plan = json.loads((folder / "plan.json").read_text())
     model = folder / MODEL_NAME
     if not model.exists():
         model.write_bytes((folder / "model.head").read_bytes())
         os.truncate(model, plan["size"])
-    binary = build(folder, out)
+    return plan, model, build(folder, out)
+
+
+def run(folder: Path, out: Path) -> None:
+    import requests
+
+    plan, model, binary = setup(folder, out)
     results: dict = {"gpu": subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                                            capture_output=True, text=True).stdout.strip(), "presets": {}, "load": {}}
     port = 18080
@@ -206,13 +211,7 @@ def memory(folder: Path, out: Path) -> None:
     nvidia-smi's used memory once the server is up."""
     import re
 
-    out.mkdir(parents=True, exist_ok=True)
-    plan = json.loads((folder / "plan.json").read_text())
-    model = folder / MODEL_NAME
-    if not model.exists():
-        model.write_bytes((folder / "model.head").read_bytes())
-        os.truncate(model, plan["size"])
-    binary = build(folder, out)
+    plan, model, binary = setup(folder, out)
     default = plan["load"]["default (--parallel 4)"]
     variants = {"--parallel 4 --kv-unified-per-slot 16384 (kit)": default,
                 "--parallel 4 --kv-unified-per-slot 16384 --kv-unified": default + ["--kv-unified"],
