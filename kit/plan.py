@@ -258,10 +258,9 @@ def cheapest_fix(config: StackConfig, model: ModelInfo, plan: Plan, engine: str)
 
 
 def model_path(config: StackConfig, engine: str, given: str | None) -> Path:
-    if given:
-        return Path(given)
-    settings = config.engine_settings(engine)
-    return Path(config.model.dir).expanduser() / (settings.get("model_file") or config.model.file)
+    from kit.resolve import host_model_path
+
+    return Path(given) if given else host_model_path(config, engine)
 
 
 def auto_ctx(config: StackConfig, engine: str, model: ModelInfo) -> int:

@@ -72,7 +72,7 @@ def form_fields(config: StackConfig, name: str) -> list[dict[str, Any]]:
     fields = [
         _field(PORT, config.serve.port, "number", rule="paramPort"),
         _field("MODEL_DIR", "/opt/models", "text"),
-        _field("MODEL_FILE", settings.get("model_file") or config.model.file, "text"),
+        _field("MODEL_FILE", resolve.model_file(config, name), "text"),
         _field("CONTEXT_LENGTH", serving.context(config, name)["ctx"], "number"),
     ]
     if gpu:
@@ -197,7 +197,7 @@ def app_files(config: StackConfig, name: str) -> dict[str, str | bytes]:
         "mtp_args": _mtp_args(config, name),
         # only engines whose flag table takes serve.concurrency promise it
         "slots": config.serve.concurrency if any(a.value == "{slots}" for a in engine.serve.args) else 0,
-        "model_file": settings.get("model_file") or config.model.file,
+        "model_file": resolve.model_file(config, name),
     }
     return {
         f"{key}/data.yml": _yaml(app_data(config, name)),
