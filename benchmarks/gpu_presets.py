@@ -19,6 +19,7 @@ import concurrent.futures
 import json
 import os
 import statistics
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -36,7 +37,7 @@ PROMPT_TOKENS, OUTPUT_TOKENS, USERS, ROUNDS = 1291, 128, 4, 3
 
 
 def prepare(folder: Path, source: Path) -> None:
-    from kit import config as cfg, serving
+    from kit import config as cfg, dockerfile, serving
     from tests.ggufmodels import SHAPES_27B, write_sparse_27b
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -53,7 +54,12 @@ def prepare(folder: Path, source: Path) -> None:
         presets[name] = serving.command(config, "llama.cpp")
     default = presets["dual-v100-nvlink"]
     old = _without(default, "--parallel", "--kv-unified-per-slot") + ["--ctx-size", "16384", "--parallel", "1"]
-    (folder / "plan.json").write_text(json.dumps({"size": model.stat().st_size, "presets": presets,
+    # the two compiles exactly as the image's Dockerfile runs them (core without CUDA, then the CUDA module)
+    facts = dockerfile.context(cfg.from_dict({"preset": "dual-v100-nvlink"}), "llama.cpp", ca_bundle=False)
+    builds = {"core": {"flags": facts["cmake_flags"], "targets": facts["targets"], "files": None},
+              "backend": {"flags": facts["backend"]["cmake_flags"], "targets": [facts["backend"]["target"]],
+                          "files": facts["backend"]["files"]}}
+    (folder / "plan.json").write_text(json.dumps({"size": model.stat().st_size, "presets": presets, "build": builds,
                                                   "load": {"default (--parallel 4)": default,
                                                            "before (--parallel 1)": old}}, indent=1))
     with tarfile.open(folder / "llama.cpp.tar.gz", "w:gz") as tar:
@@ -83,31 +89,60 @@ def _without(argv: list[str], *flags: str) -> list[str]:
     return out
 
 
-def build(folder: Path, out: Path) -> Path:
-    binary = folder / "llama.cpp/build/bin/llama-server"
-    if binary.exists():
-        return binary
+def build(folder: Path, out: Path, builds: dict) -> Path:
+    """The image's two compiles (the core without CUDA; the CUDA backend module on its own) for this GPU's arch,
+    put together in one folder as the image's /app is."""
+    app = folder / "app"
+    if (app / "llama-server").exists():
+        return app / "llama-server"
     with tarfile.open(folder / "llama.cpp.tar.gz") as tar:
         tar.extractall(folder, filter="data")
     arch = os.environ.get("KIT_GPU_ARCH", "90-real")
     start = time.monotonic()
-    flags = ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={arch}", "-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_UI=OFF",
-             "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-             "-DLLAMA_OPENSSL=OFF", "-DGGML_CUDA_FA_ALL_QUANTS=OFF", "-DCMAKE_BUILD_TYPE=Release"]
+    app.mkdir(exist_ok=True)
     log = out / "build.log"
     with log.open("w") as f:
-        subprocess.run(["cmake", "-S", "llama.cpp", "-B", "llama.cpp/build", *flags], cwd=folder, check=True,
-                       stdout=f, stderr=subprocess.STDOUT)
-        subprocess.run(["cmake", "--build", "llama.cpp/build", "--target", "llama-server", "-j",
-                        str(os.cpu_count() or 4)], cwd=folder, check=True, stdout=f, stderr=subprocess.STDOUT)
-    print(f"built llama-server for sm_{arch} in {time.monotonic() - start:.0f}s", flush=True)
-    return binary
+        for part, spec in builds.items():
+            # this machine's arch and CUDA; the image's NCCL_ROOT and host compiler are the image's
+            flags = [f"-D{k}={arch if k == 'CMAKE_CUDA_ARCHITECTURES' else v.strip(chr(34))}" for k, v in spec["flags"]
+                     if k not in ("NCCL_ROOT", "CMAKE_CUDA_HOST_COMPILER")]
+            tree = f"llama.cpp/build-{part}"
+            subprocess.run(["cmake", "-S", "llama.cpp", "-B", tree, *flags], cwd=folder, check=True, stdout=f,
+                           stderr=subprocess.STDOUT)
+            targets = [x for t in spec["targets"] for x in ("--target", t)]
+            subprocess.run(["cmake", "--build", tree, *targets, "-j", str(os.cpu_count() or 4)], cwd=folder,
+                           check=True, stdout=f, stderr=subprocess.STDOUT)
+            bin_dir = folder / tree / "bin"
+            names = spec["files"] or [p.name for p in bin_dir.iterdir() if p.name == "llama-server" or ".so" in p.name]
+            for name in names:
+                shutil.copy2(bin_dir / name, app / name, follow_symlinks=True)
+    print(f"built llama-server (core + {builds['backend']['files']}) for sm_{arch} in "
+          f"{time.monotonic() - start:.0f}s", flush=True)
+    return app / "llama-server"
 
 
-def serve(binary: Path, argv: list[str], model: Path, port: int, log: Path) -> subprocess.Popen:
+def visible_gpus() -> int:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    return len([line for line in out.splitlines() if line.startswith("GPU ")])
+
+
+def on_this_machine(argv: list[str], gpus: int) -> tuple[list[str], str]:
+    """A two-GPU argv on a one-GPU machine: --device keeps the GPUs that exist (said in the results)."""
+    if "--device" not in argv:
+        return argv, ""
+    i = argv.index("--device") + 1
+    wanted = argv[i].split(",")
+    if len(wanted) <= gpus:
+        return argv, ""
+    return argv[:i] + [",".join(wanted[:gpus])] + argv[i + 1:], f"--device {argv[i]} -> {','.join(wanted[:gpus])}"
+
+
+def serve(binary: Path, argv: list[str], model: Path, port: int, log: Path, env: dict | None = None) -> subprocess.Popen:
     argv = [model.as_posix() if a == f"/models/{MODEL_NAME}" else a for a in argv]
     argv = _without(argv, "--port", "--host") + ["--host", "127.0.0.1", "--port", str(port)]
-    return subprocess.Popen([str(binary), *argv], stdout=log.open("w"), stderr=subprocess.STDOUT)
+    argv, _ = on_this_machine(argv, visible_gpus())
+    return subprocess.Popen([str(binary), *argv], stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
 
 
 def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 240) -> float:
@@ -160,7 +195,7 @@ def setup(folder: Path, out: Path) -> tuple[dict, Path, Path]:
     if not model.exists():
         model.write_bytes((folder / "model.head").read_bytes())
         os.truncate(model, plan["size"])
-    return plan, model, build(folder, out)
+    return plan, model, build(folder, out, plan["build"])
 
 
 def run(folder: Path, out: Path) -> None:
@@ -189,9 +224,14 @@ def run(folder: Path, out: Path) -> None:
             entry["error"] = str(exc)
         finally:
             stop(proc)
-        entry["log_tail"] = log.read_text(errors="replace").splitlines()[-6:]
+        text = log.read_text(errors="replace")
+        entry["device_note"] = on_this_machine(argv, visible_gpus())[1]
+        entry["offload"] = [line.strip() for line in text.splitlines() if "offloaded" in line][-1:]
+        entry["log_tail"] = text.splitlines()[-6:]
         results["presets"][name] = entry
         print(f"{name}: {'started' if entry['started'] else 'FAILED'} {entry.get('load_s', '')}", flush=True)
+    results["no_gpu"] = without_gpu(binary, plan["presets"]["dual-v100-nvlink"], model, out)
+    print(f"no GPU visible: {results['no_gpu']}", flush=True)
     for label, argv in plan["load"].items():
         port += 1
         proc = serve(binary, argv, model, port, out / f"load-{label.split()[0]}.log")
@@ -204,6 +244,23 @@ def run(folder: Path, out: Path) -> None:
             stop(proc)
         print(f"{label}: {results['load'][label]}", flush=True)
     (out / "gpu_presets.json").write_text(json.dumps(results, indent=1))
+
+
+def without_gpu(binary: Path, argv: list[str], model: Path, out: Path) -> dict:
+    """The CUDA module cannot start (no GPU visible): --version still works (the module is loaded, not linked),
+    and the default argv exits naming the device instead of serving from the CPU."""
+    hidden = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, env=hidden, timeout=60)
+    log = out / "no-gpu.log"
+    proc = serve(binary, argv, model, 18099, log, env={"CUDA_VISIBLE_DEVICES": ""})
+    try:
+        code = proc.wait(120)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        code = None
+    text = log.read_text(errors="replace")
+    return {"version_rc": version.returncode, "version": (version.stdout + version.stderr).strip().splitlines()[-2:],
+            "serve_rc": code, "invalid_device_line": [l for l in text.splitlines() if "invalid device" in l][:1]}
 
 
 def memory(folder: Path, out: Path) -> None:

@@ -23,7 +23,25 @@ from kit import catalog, dockerfile, dockerhost, render
 from kit.config import StackConfig
 from kit.errors import CheckFailed, KitError
 
-STAGES = ("toolchain", "runtime-base", "builder", "runtime")
+STAGE = re.compile(r"^FROM \S+ AS (\S+)\s*$", re.M)
+CODE = ("COPY src/", "COPY wheels/")  # the steps that need the engine's source or wheels in the context
+
+
+def stages(dockerfile_text: str) -> dict[str, str]:
+    """Each ``FROM ... AS name`` stage's text, in file order (the order the legacy builder builds them in)."""
+    starts = list(STAGE.finditer(dockerfile_text))
+    return {m.group(1): dockerfile_text[m.start():starts[i + 1].start() if i + 1 < len(starts) else None]
+            for i, m in enumerate(starts)}
+
+
+def needs_code(dockerfile_text: str, target: str) -> bool:
+    """The legacy builder builds every stage above ``target`` too: any of them copying the source needs it."""
+    for name, body in stages(dockerfile_text).items():
+        if any(step in body for step in CODE):
+            return True
+        if name == target:
+            return False
+    return False
 
 
 def _skip_source(root: Path):
@@ -56,12 +74,17 @@ class BuildResult:
 def assemble_context(config: StackConfig, name: str, dest: Path, source: Path | None, target: str) -> None:
     """Write everything the Docker build needs into ``dest``."""
     engine = catalog.get(name)
-    render.write_tree(dest, dockerfile.render_files(config, name))
-    needs_code = STAGES.index(target) >= STAGES.index("builder")
+    files = dockerfile.render_files(config, name)
+    known = list(stages(str(files["Dockerfile"])))
+    if target not in known:
+        raise KitError("--target", f"unknown stage {target!r} for this engine and flavor",
+                       f"use one of {', '.join(known)}")
+    render.write_tree(dest, files)
+    code = needs_code(str(files["Dockerfile"]), target)
     settings = config.engine_settings(name)
     if engine.recipe == "wheel":
         wheelhouse = Path(source or settings.get("wheelhouse", ""))
-        if needs_code and not wheelhouse.is_dir():
+        if code and not wheelhouse.is_dir():
             raise KitError(f"engines.{name}.wheelhouse", f"{wheelhouse} is not a folder of wheels",
                            "put the engine's .whl files there or pass --source DIR")
         if wheelhouse.is_dir():
@@ -73,7 +96,7 @@ def assemble_context(config: StackConfig, name: str, dest: Path, source: Path | 
         if not source.is_dir():
             raise KitError("--source", f"{source} is not a folder", "point it at an engine source tree")
         shutil.copytree(source, dest / "src", ignore=_skip_source(source), symlinks=True)
-    elif needs_code:
+    elif code:
         clone(engine.source.git, str(settings.get("ref") or engine.source.ref), dest / "src")
     else:
         (dest / "src").mkdir()
@@ -141,8 +164,6 @@ class Progress:
 def build_engine(config: StackConfig, name: str, *, source: Path | None = None, target: str = "runtime",
                  no_cache: bool = False, push: bool = False, tag: str | None = None,
                  echo: Callable[[str], None] = print, verbose: bool = False) -> BuildResult:
-    if target not in STAGES:
-        raise KitError("--target", f"unknown stage {target!r}", f"use one of {', '.join(STAGES)}")
     base_tag = tag or dockerfile.image_tag(config, name)
     full_tag = base_tag if target == "runtime" or tag else f"{base_tag}-{target}"
     jobs = config.build_jobs()

@@ -22,9 +22,20 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Backend(_Record):
+    """A GPU backend compiled on its own and loaded by the engine at start (llama.cpp's GGML_BACKEND_DL modules), so
+    the rest of the engine is built once for every flavor."""
+
+    target: str  # the build target (ggml-cuda)
+    files: list[str]  # what the target leaves in build/bin, copied beside the engine binary
+    cmake: dict[str, str] = Field(default_factory=dict)  # added to the engine's build.cmake for this compile
+    devices: str = ""  # the engine's name for the i-th GPU ("CUDA{i}"), for serve flags that name devices
+
+
 class Flavor(_Record):
     gpu: bool
-    cmake: dict[str, str] = Field(default_factory=dict)
+    cmake: dict[str, str] = Field(default_factory=dict)  # added to build.cmake for the core compile
+    backend: Backend | None = None
     drops_flags: list[str] = Field(default_factory=list)  # serve flags a build of this flavor cannot take
 
 

@@ -148,7 +148,7 @@ def build(
     engines_: Optional[list[str]] = typer.Argument(None, metavar="[ENGINE]...", help="Default: the stack's engines."),
     config_path: Optional[Path] = ConfigOpt,
     source: Optional[Path] = typer.Option(None, "--source", help="Local engine source tree (or wheelhouse)."),
-    target: str = typer.Option("runtime", "--target", help="Stop at stage: toolchain, runtime-base, builder, runtime."),
+    target: str = typer.Option("runtime", "--target", help="Stop at stage (the FROM ... AS names of the rendered Dockerfile; runtime-base builds no engine code)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Build without the layer cache."),
     push: bool = typer.Option(False, "--push", help="Push after building (never without this flag)."),
     tag: Optional[str] = typer.Option(None, "--tag", help="Override the image tag."),

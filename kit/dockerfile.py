@@ -83,6 +83,15 @@ def _archs(config: StackConfig) -> list[int]:
     return [int(a) for a in config.hardware.archs]
 
 
+def _new(have: list[str], wanted: list[str]) -> list[str]:
+    """``wanted`` less what ``have`` already lists, in order, once each."""
+    out: list[str] = []
+    for package in wanted:
+        if package not in have and package not in out:
+            out.append(package)
+    return out
+
+
 def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
     engine = catalog.get(name)
     settings = config.engine_settings(name)
@@ -102,21 +111,37 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
     # would otherwise report "commit unknown" in --version)
     cmake_flags: dict[str, str] = {k: v.replace("{ref}", ref) for k, v in engine.build.cmake.items()}
     cmake_flags.update(flavor.cmake)
+    gpu_flags: dict[str, str] = {}
     if gpu:
-        cmake_flags["CMAKE_CUDA_ARCHITECTURES"] = f'"{archs.cmake(arch_list)}"'
+        gpu_flags["CMAKE_CUDA_ARCHITECTURES"] = f'"{archs.cmake(arch_list)}"'
         if nccl and nccl["source"] == "pip":
-            cmake_flags["NCCL_ROOT"] = nccl["pip_root"]
+            gpu_flags["NCCL_ROOT"] = nccl["pip_root"]
         if debian_cuda:
-            cmake_flags.update(DEBIAN_CUDA["cmake"])
+            gpu_flags.update(DEBIAN_CUDA["cmake"])
+    backend = None
+    if flavor.backend and gpu:
+        # the GPU backend compiles in its own build folder with the core's flags plus its own; only its module is
+        # kept, so the core (compiled without CUDA) stays identical to every other flavor's
+        backend_flags = {**cmake_flags, **flavor.backend.cmake, **gpu_flags}
+        backend = {"target": flavor.backend.target, "files": flavor.backend.files,
+                   "cmake_flags": sorted(backend_flags.items())}
+    else:
+        cmake_flags.update(gpu_flags)
 
-    build_packages = list(engine.build.packages) + (DEBIAN_CUDA["builder_packages"] if debian_cuda else [])
+    debian_builder = DEBIAN_CUDA["builder_packages"] if debian_cuda else []
+    pip = PIP_PACKAGES if wheels or pip_nccl or engine.recipe != "cmake" else []
+    probe = ["build-essential"] if nccl else []  # compiles the kit-nccl-version probe
+    if engine.recipe == "cmake":
+        # the engine's build tools, shared by every flavor on one base; CUDA, pip and NCCL are the GPU toolchain's
+        build_packages = list(engine.build.packages)
+        toolchain_packages = _new(build_packages, debian_builder + pip + probe)
+    else:  # one toolchain stage holds everything
+        build_packages = list(engine.build.packages)
+        build_packages += _new(build_packages, debian_builder + pip + probe)
+        toolchain_packages = []
     runtime_packages = list(engine.runtime.packages) + (DEBIAN_CUDA["runtime_packages"] if debian_cuda else [])
-    if wheels or pip_nccl or engine.recipe != "cmake":
-        build_packages += [p for p in PIP_PACKAGES if p not in build_packages]
     if wheels or pip_nccl:
-        runtime_packages += [p for p in PIP_PACKAGES if p not in runtime_packages]
-    if nccl and "build-essential" not in build_packages:
-        build_packages.append("build-essential")  # compiles the kit-nccl-version probe
+        runtime_packages += _new(runtime_packages, PIP_PACKAGES)
 
     manifest = {
         "engine": engine.name,
@@ -130,6 +155,8 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
         "nccl_source": nccl["source"] if nccl else None,
         "nccl_builder": "@NCCL_BUILDER@" if nccl else None,
         "build_flags": {k: v.strip('"') for k, v in sorted(cmake_flags.items())},
+        "backend": {"target": backend["target"], "files": backend["files"],
+                    "build_flags": {k: v.strip('"') for k, v in backend["cmake_flags"]}} if backend else None,
         "torch_cuda_arch_list": archs.torch(arch_list) if gpu and engine.recipe == "torch-source" else None,
         "entrypoint": engine.entrypoint,
         "kit_version": __version__,
@@ -160,10 +187,12 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
         "archs": {"list": arch_list, "cmake": archs.cmake(arch_list), "torch": archs.torch(arch_list)},
         "jobs": config.build_jobs(),
         "cmake_flags": sorted(cmake_flags.items()),
+        "backend": backend,
         "targets": engine.build.targets,
         "binaries": engine.runtime.binaries,
         "prefix": engine.runtime.prefix,
         "build_packages": build_packages,
+        "toolchain_packages": toolchain_packages,
         "runtime_packages": runtime_packages,
         "mirrors": {"apt": config.mirrors.apt, "pip_index": config.mirrors.pip_index, "ca_bundle": ca_bundle},
         "debian_nonfree": debian_cuda,

@@ -18,6 +18,7 @@ def context(config: StackConfig, name: str) -> dict[str, Any]:
     """Values the flag templates may use: the resolved engine settings plus stack facts."""
     engine = catalog.get(name)
     resolved = resolve.engine(config, name)
+    backend = engine.flavors[resolved.flavor].backend
     ctx: dict[str, Any] = dict(resolved.settings)
     ctx.update(
         model_path=f"{MODEL_MOUNT}/{resolved.model_file}",
@@ -28,6 +29,9 @@ def context(config: StackConfig, name: str) -> dict[str, Any]:
         gpus=config.hardware.gpus,
         gpu=resolved.gpu,
         multi_gpu=resolved.gpu and config.hardware.gpus > 1,
+        # inside the container the GPUs are numbered from 0 (compose device_ids maps them)
+        devices=[backend.devices.format(i=i) for i in range(config.hardware.gpus)]
+        if resolved.gpu and backend and backend.devices else [],
         speculative=resolved.speculative,
     )
     return ctx

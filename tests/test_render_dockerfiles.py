@@ -99,7 +99,32 @@ def test_manifest_records_the_facts(configure):
     manifest = json.loads(render_case("dual-v100-nvlink")["images/llama.cpp/kit/manifest.json"])
     assert manifest["nccl_pin"] == "2.27.3" and manifest["nccl_builder"] == "@NCCL_BUILDER@"
     assert manifest["archs"] == [70] and manifest["cuda"] == "12.9.1"
-    assert manifest["build_flags"]["CMAKE_CUDA_ARCHITECTURES"] == "70-real"
+    assert manifest["backend"]["build_flags"]["CMAKE_CUDA_ARCHITECTURES"] == "70-real"
+    assert manifest["backend"]["target"] == "ggml-cuda" and manifest["backend"]["files"] == ["libggml-cuda.so"]
+    # the core is compiled without CUDA: no arch, no CUDA flag of the backend leaks into it
+    assert manifest["build_flags"]["GGML_CUDA"] == "OFF" and "CMAKE_CUDA_ARCHITECTURES" not in manifest["build_flags"]
+
+
+def test_cpu_and_cuda_images_share_the_compilers_and_core_layers(configure):
+    """Docker reuses a layer when the parent and the step are the same: the stages up to the core compile must be
+    the same text for the cpu and the cuda flavor on one base (CI builds both; the core is compiled once)."""
+    from kit import config as cfg
+    from tests.conftest import FIXTURES
+
+    cpu = render.collect(cfg.load(FIXTURES / "cpu-ci.yaml"))["images/llama.cpp/Dockerfile"]
+    cuda = render.collect(cfg.load(FIXTURES / "debian-cuda-ci.yaml"))["images/llama.cpp/Dockerfile"]
+    def steps(text: str, stage: str) -> list[str]:
+        return [line for line in stages(text)[stage].splitlines() if line.strip() and not line.startswith("#")]
+
+    for stage in ("compilers", "core"):
+        assert steps(cpu, stage) == steps(cuda, stage), stage
+    assert "GGML_BACKEND_DL=ON" in stages(cuda)["core"] and "-DGGML_CUDA=OFF" in stages(cuda)["core"]
+    assert "nvidia-cuda-toolkit" not in stages(cuda)["compilers"] and "nvidia-cuda-toolkit" in stages(cuda)["toolchain"]
+    backend = stages(cuda)["gpu-backend"]
+    assert "-DGGML_CUDA=ON" in backend and "--target ggml-cuda" in backend
+    assert "cp build/bin/libggml-cuda.so /out/" in backend
+    runtime = stages(cuda)["runtime"]
+    assert "COPY --from=core /out/ /app/" in runtime and "COPY --from=gpu-backend /out/ /app/" in runtime
 
 
 def test_mirrors_and_ca_bundle(configure, tmp_path):
