@@ -25,10 +25,12 @@ def signatures() -> list[tuple[str, re.Pattern[str], str]]:
 
 
 def scan(text: str) -> list[Finding]:
-    """One finding per signature (its first matching line)."""
+    """One finding per signature (its first line); a line belongs to the first signature that matches it."""
     found: dict[str, Finding] = {}
     for line in text.splitlines():
         for name, pattern, advice in signatures():
-            if name not in found and pattern.search(line):
-                found[name] = Finding(name, line.strip()[:300], advice)
+            if pattern.search(line):
+                if name not in found:
+                    found[name] = Finding(name, line.strip()[:300], advice)
+                break
     return list(found.values())

@@ -135,8 +135,22 @@ STARTUP_LINES = {
     "mtp-without-layers": "0.00.031.734 W llama_init_from_model: context type MTP requested but model doesn't "
                           "contain MTP layers",
     "bad-flag": "error: invalid argument: --bogus-flag",
+    # llama-server built as the image builds it, on an H200 with CUDA_VISIBLE_DEVICES="" (gpu-presets-h200.md)
+    "gpu-not-visible": 'error while handling argument "--device": invalid device: CUDA0',
     "compute-buffers": "llama_init_from_model: failed to allocate compute pp buffers",
 }
+
+
+def test_a_line_is_named_once_by_its_most_specific_signature():
+    from kit import logscan
+
+    text = ("0.00.101.740 E ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n"
+            'error while handling argument "--device": invalid device: CUDA0\n'
+            'error while handling argument "--ctx-size": bad value\n')
+    findings = {f.name: f.line for f in logscan.scan(text)}
+    assert findings == {"gpu-not-visible": "0.00.101.740 E ggml_cuda_init: failed to initialize CUDA: no "
+                                           "CUDA-capable device is detected",
+                        "bad-flag": 'error while handling argument "--ctx-size": bad value'}
 
 
 @pytest.mark.parametrize("name", sorted(STARTUP_LINES))

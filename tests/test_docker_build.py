@@ -202,10 +202,30 @@ def test_sm70_image_has_only_sm70_code_and_the_pinned_nccl(sm70_image):
     assert results["nccl-builder"].status == "ok"
     assert results["libs"].status == "ok" and "libcuda.so.1" in results["libs"].detail
     assert results["entrypoint"].status == "ok"
-    assert results["runs"].status == "skip" and "libcuda.so.1" in results["runs"].detail  # no driver here
+    # the CUDA backend is a module llama-server loads at start: --version runs on a machine without the driver
+    assert results["runs"].status == "ok" and "commit 0c1e57098" in results["runs"].detail, results["runs"].detail
     for name in ("user", "healthcheck", "secrets"):
         assert results[name].status == "ok", (name, results[name].detail)
     assert sm70_image.labels["io.kit.archs"] == "70" and sm70_image.labels["io.kit.nccl"] == "2.27.3"
+
+
+@pytest.mark.cuda_compile
+def test_sm70_image_without_a_gpu_refuses_to_serve_from_the_cpu(sm70_image, tiny_gguf, docker_ready):
+    """No libcuda.so.1 here: the CUDA module cannot load, and the default argv must stop, naming the device."""
+    from kit import logscan, serving
+
+    config = cfg.from_dict({"preset": "dual-v100-nvlink", "model": {"dir": str(tiny_gguf.parent),
+                                                                   "file": tiny_gguf.name}})
+    container = docker_ready.containers.run(
+        sm70_image.tag, command=serving.command(config, "llama.cpp"), detach=True,
+        volumes={str(tiny_gguf.parent): {"bind": "/models", "mode": "ro"}})
+    try:
+        code = container.wait(timeout=120)["StatusCode"]
+        logs = container.logs().decode(errors="replace")
+    finally:
+        container.remove(force=True)
+    assert code != 0 and "invalid device: CUDA0" in logs, logs[-2000:]
+    assert "gpu-not-visible" in {f.name for f in logscan.scan(logs)}
 
 
 @pytest.mark.cuda_compile

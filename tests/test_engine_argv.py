@@ -70,7 +70,8 @@ def test_every_llama_preset_is_covered():
 
 
 def test_the_cpu_drop_list_is_all_that_differs(plain_model):
-    """The argv started below is the preset's own, less exactly the declared flags (none at kit's ref)."""
+    """The argv started below is the preset's own, less exactly the declared flags (--device: a CPU build has no
+    CUDA0; the next test shows it refuses it)."""
     drops = catalog.get(ENGINE).flavors["cpu"].drops_flags
     for preset in PRESETS:
         _, argv = preset_argv(preset, plain_model)
@@ -78,7 +79,32 @@ def test_the_cpu_drop_list_is_all_that_differs(plain_model):
         removed = [t for t in argv if t not in started]
         assert all(t in drops or argv[argv.index(t) - 1] in drops for t in removed), (preset, removed)
         assert len(argv) - len(started) == len(removed)
-    assert drops == []  # a CPU build takes --n-gpu-layers / --split-mode / --tensor-split and warns
+    # a CPU build takes --n-gpu-layers / --split-mode / --tensor-split and warns; --device CUDA0 it refuses
+    assert drops == ["--device"]
+    _, default = preset_argv("dual-v100-nvlink", plain_model)
+    assert default[default.index("--device") + 1] == "CUDA0,CUDA1"
+
+
+def exit_log(client, image: str, argv: list[str], model: Path) -> tuple[int, str]:
+    container = client.containers.run(image, command=argv, detach=True,
+                                      volumes={str(model.parent): {"bind": "/models", "mode": "ro"}})
+    try:
+        code = container.wait(timeout=120)["StatusCode"]
+        return code, container.logs().decode(errors="replace")
+    finally:
+        container.remove(force=True)
+
+
+def test_a_gpu_argv_without_gpus_exits_naming_the_device(cpu_image, plain_model, docker_ready):
+    """Where no CUDA device exists (here: a build without the CUDA module; on a GPU host: a container without GPUs),
+    the default argv stops with the device named instead of serving from the CPU; `kit logs --check` names it."""
+    from kit import logscan
+
+    _, argv = preset_argv("dual-v100-nvlink", plain_model)
+    code, logs = exit_log(docker_ready, cpu_image.tag, argv, plain_model)
+    assert code != 0, logs[-2000:]
+    assert 'error while handling argument "--device": invalid device: CUDA0' in logs, logs[-2000:]
+    assert "gpu-not-visible" in {f.name for f in logscan.scan(logs)}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
