@@ -299,9 +299,59 @@ def memory(folder: Path, out: Path) -> None:
     (out / "gpu_memory.json").write_text(json.dumps(results, indent=1))
 
 
+# (label, --parallel, tokens per slot, --ubatch-size, --flash-attn): the compute buffer's inputs, one at a time
+COMPUTE_VARIANTS = [
+    ("kit default", 4, 16384, 512, "on"), ("ubatch 256", 4, 16384, 256, "on"), ("ubatch 1024", 4, 16384, 1024, "on"),
+    ("1 slot of 4096", 1, 4096, 512, "on"), ("4 slots of 32768", 4, 32768, 512, "on"),
+    ("flash off", 4, 16384, 512, "off"), ("flash off, 1 slot", 1, 16384, 512, "off"),
+    ("flash off, 4 x 4096", 4, 4096, 512, "off"), ("flash off, ubatch 256", 4, 16384, 256, "off"),
+]
+
+
+def compute(folder: Path, out: Path) -> None:
+    """llama.cpp's compute buffer and the CUDA context for each COMPUTE_VARIANTS entry: its own log lines, and
+    nvidia-smi's used memory less what the log accounts for (model, KV, compute) as the context."""
+    import re
+
+    plan, model, binary = setup(folder, out)
+    base = _without(plan["load"]["default (--parallel 4)"], "--parallel", "--kv-unified-per-slot", "--batch-size",
+                    "--ubatch-size", "--flash-attn", "--device", "--split-mode", "--tensor-split")
+    results = {}
+    port = 18300
+    for label, slots, ctx, ubatch, flash in COMPUTE_VARIANTS:
+        port += 1
+        argv = base + ["--parallel", str(slots), "--kv-unified-per-slot", str(ctx), "--batch-size",
+                       str(max(ubatch, 512)), "--ubatch-size", str(ubatch), "--flash-attn", flash]
+        log = out / f"compute-{port}.log"
+        proc = serve(binary, argv + ["-lv", "4"], model, port, log)
+        try:
+            wait_healthy(proc, f"http://127.0.0.1:{port}")
+            used = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True).stdout.strip()
+            text = log.read_text(errors="replace")
+            mib = lambda pattern: sum(float(x) for x in re.findall(pattern, text))  # noqa: E731
+            entry = {"slots": slots, "ctx": ctx, "ubatch": ubatch, "flash": flash,
+                     "gpu_used_mib": int(used.splitlines()[0]) if used else None,
+                     "model_mib": mib(r"CUDA0 model buffer size = +([0-9.]+) MiB"),
+                     "kv_mib": mib(r"CUDA0 KV buffer size = +([0-9.]+) MiB"),
+                     "compute_mib": mib(r"CUDA0 compute buffer size = +([0-9.]+) MiB"),
+                     "host_compute_mib": mib(r"CUDA_Host compute buffer size = +([0-9.]+) MiB"),
+                     "outputs": re.findall(r"n_outputs_max += (\d+)", text)[:1]}
+            if entry["gpu_used_mib"]:
+                entry["context_mib"] = round(entry["gpu_used_mib"] - entry["model_mib"] - entry["kv_mib"]
+                                             - entry["compute_mib"], 1)
+            results[label] = entry
+        except Exception as exc:  # noqa: BLE001
+            results[label] = {"error": str(exc)}
+        finally:
+            stop(proc)
+        print(f"{label}: {results[label]}", flush=True)
+    (out / "gpu_compute.json").write_text(json.dumps(results, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["prepare", "run", "memory"])
+    parser.add_argument("step", choices=["prepare", "run", "memory", "compute"])
     parser.add_argument("--dir", type=Path, default=ROOT / ".gpu")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
     parser.add_argument("--source", type=Path, default=Path.home() / ".cache/kit-tests/llama.cpp")
@@ -310,6 +360,8 @@ def main() -> None:
         prepare(args.dir, args.source)
     elif args.step == "memory":
         memory(args.dir, args.out)
+    elif args.step == "compute":
+        compute(args.dir, args.out)
     else:
         run(args.dir, args.out)
 

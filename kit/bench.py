@@ -14,7 +14,7 @@ import random
 import statistics
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +27,8 @@ import yaml
 
 from kit import paths
 from kit.errors import KitError
+
+INTERRUPTED = "interrupted"  # a request Ctrl-C stopped: not a sample
 
 
 @lru_cache(maxsize=1)
@@ -71,6 +73,10 @@ class Client:
         self.timeout_s = timeout_s
         self.clock = clock
         self.local = threading.local()
+        # set on Ctrl-C: no new request starts, and a streaming one stops at its next chunk (an Event, not a
+        # KeyboardInterrupt: an exception raised at an arbitrary point can leave a future's lock held, and the
+        # worker that completes it then blocks the exit forever)
+        self.stop = threading.Event()
 
     def session(self) -> requests.Session:
         if not hasattr(self.local, "session"):
@@ -102,6 +108,9 @@ class Client:
             # llama-server reuses a slot's KV for a repeated prefix; a benchmark must measure prefill, not the cache
             "cache_prompt": False,
         }
+        if self.stop.is_set():
+            sample.error = INTERRUPTED
+            return sample
         sample.started = self.clock()
         try:
             with self.session().post(f"{self.base}/v1/chat/completions", json=body, headers=self.headers,
@@ -109,7 +118,10 @@ class Client:
                 if reply.status_code != 200:
                     sample.error = f"HTTP {reply.status_code}: {reply.text[:120]}"
                     return sample
-                return consume(sample, _sse_lines(reply), self.clock)
+                consume(sample, _sse_lines(reply, self.stop), self.clock)
+                if self.stop.is_set() and not sample.ok:
+                    sample.error = INTERRUPTED
+                return sample
         except (requests.Timeout, urllib3.exceptions.ReadTimeoutError, TimeoutError):
             sample.error = f"timeout after {self.timeout_s:.0f}s"
             return sample
@@ -169,11 +181,12 @@ def consume(sample: Sample, lines: Iterable[bytes], clock: Callable[[], float]) 
     return sample
 
 
-def _sse_lines(reply: requests.Response):
-    """Lines of an SSE stream as bytes arrive (read1: no waiting for a buffer to fill, chunked or not)."""
+def _sse_lines(reply: requests.Response, stop: threading.Event | None = None):
+    """Lines of an SSE stream as bytes arrive (read1: no waiting for a buffer to fill, chunked or not); ends early
+    once ``stop`` is set."""
     raw = reply.raw
     buffer = b""
-    while True:
+    while stop is None or not stop.is_set():
         data = raw.read1(65536) if hasattr(raw, "read1") else raw.read(1024)
         if not data:
             break
@@ -260,13 +273,18 @@ def prompts_for(name: str, count: int, seed: int, salt: str = "") -> list[str]:
 
 def run(url: str, *, api_key: str | None = None, model: str | None = None, names: list[str] | None = None,
         concurrency: list[int] | None = None, requests_per: int | None = None, warmup: int = 1,
-        timeout_s: float = 300, echo: Callable[[str], None] = lambda _l: None) -> Run:
+        timeout_s: float = 300, echo: Callable[[str], None] = lambda _l: None,
+        stop: threading.Event | None = None) -> Run:
+    """Every scenario at every concurrency level. Setting ``stop`` (the CLI does on Ctrl-C) ends the run early with
+    what finished before it: requests in flight stop at their next chunk and are left out."""
     table = scenarios()
     names = names or list(table["scenarios"])
     unknown = [n for n in names if n not in table["scenarios"]]
     if unknown:
         raise KitError("--scenarios", f"unknown scenario {unknown[0]!r}", f"use {', '.join(table['scenarios'])}")
     client = Client(url, api_key, model, timeout_s)
+    if stop is not None:
+        client.stop = stop
     result = Run(url=client.base, model=client.probe())
     seed = int(table["seed"])
     first = client.one("preflight", 1, "Say OK.", 1, seed)
@@ -276,36 +294,35 @@ def run(url: str, *, api_key: str | None = None, model: str | None = None, names
         raise KitError("--url", f"{client.base} has no /v1/chat/completions (404)", "point --url at the server root")
     for name in names:
         max_tokens = int(table["scenarios"][name]["max_tokens"])
-        try:
-            for _ in range(warmup):
-                client.one(name, 1, prompts_for(name, 1, seed)[0], max_tokens, seed)
-        except KeyboardInterrupt:
-            result.interrupted = True
-            return result
+        for _ in range(warmup):
+            client.one(name, 1, prompts_for(name, 1, seed)[0], max_tokens, seed)
         for c in concurrency or [1, 4]:
+            if client.stop.is_set():
+                break
             count = requests_per or max(c, 4)
             prompts = prompts_for(name, count, seed, salt=str(c))
             start = time.perf_counter()
             pool = ThreadPoolExecutor(max_workers=c)
             futures = [pool.submit(client.one, name, c, p, max_tokens, seed) for p in prompts]
+            pending = set(futures)
             try:
-                samples = [f.result() for f in futures]
-            except KeyboardInterrupt:
-                # Ctrl-C: keep what finished, drop what did not start, report it
-                pool.shutdown(wait=False, cancel_futures=True)
-                samples = [f.result() for f in futures if f.done() and not f.cancelled() and f.exception() is None]
-                result.interrupted = True
-            else:
-                pool.shutdown()
+                while pending and not client.stop.is_set():
+                    _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            except KeyboardInterrupt:  # a caller without the CLI's handler
+                client.stop.set()
+            # on a stop: drop what did not start; what is in flight ends at its next chunk
+            pool.shutdown(wait=True, cancel_futures=True)
             wall = time.perf_counter() - start
+            samples = [f.result() for f in futures if not f.cancelled() and f.result().error != INTERRUPTED]
             if samples:
                 result.samples += samples
                 summary = summarize(samples, wall)
                 result.results.append(summary)
                 echo(f"{name:6s} x{c}: {summary.output_tps:7.1f} tok/s total, "
                      f"{summary.decode_tps.get('median', 0):6.1f} tok/s per request, {summary.failures} failed")
-            if result.interrupted:
-                return result
+        if client.stop.is_set():
+            result.interrupted = True
+            break
     return result
 
 

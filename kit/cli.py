@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from contextlib import nullcontext as _nullcontext
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -464,15 +466,26 @@ def bench(
     levels = [int(c) for c in concurrency.split(",") if c.strip()]
     names = [s.strip() for s in scenarios.split(",") if s.strip()]
     runs = []
-    for target in [url, *(compare or [])]:
-        out.print(f"[bold]{target}[/]")
-        run = bencher.run(target, api_key=api_key, model=model, names=names, concurrency=levels,
-                          requests_per=requests_per, warmup=warmup, timeout_s=timeout,
-                          echo=lambda line: out.print("  " + line, markup=False))
-        runs.append(run)
-        if run.interrupted:
-            out.print("[yellow]interrupted: showing what was measured[/]")
-            break
+    stop = threading.Event()
+
+    def on_ctrl_c(signum: int, frame: Any) -> None:  # the first Ctrl-C stops the run; a second one quits
+        if stop.is_set():
+            signal.default_int_handler(signum, frame)
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        for target in [url, *(compare or [])]:
+            out.print(f"[bold]{target}[/]")
+            run = bencher.run(target, api_key=api_key, model=model, names=names, concurrency=levels,
+                              requests_per=requests_per, warmup=warmup, timeout_s=timeout, stop=stop,
+                              echo=lambda line: out.print("  " + line, markup=False))
+            runs.append(run)
+            if run.interrupted:
+                out.print("[yellow]interrupted: showing what was measured[/]")
+                break
+    finally:
+        signal.signal(signal.SIGINT, previous)
     table = Table("scenario", *[r.url for r in runs], title="decode speed (seed table layout)")
     for row in bencher.table_rows(runs):
         table.add_row(*row)

@@ -112,13 +112,41 @@ def layer_kv_bytes(model: ModelInfo, layer: int, ctx: int, k_type: str, v_type: 
     return slots * tokens * per_token
 
 
-def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bool) -> int:
-    """llama.cpp's compute buffer, estimated: activations scratch, attention scores without flash attention,
-    logits on the GPU holding the output layer."""
-    scratch = ubatch * model.n_embd * 4 * 12
+def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bool, outputs: int = 1) -> int:
+    """llama.cpp's compute buffer: the worst case it reserves at start (src/llama-context.cpp, graph_reserve for a
+    ubatch of prompt tokens), from the graph's largest live tensors. ``ctx`` is one slot's KV length (kit runs one
+    KV stream per slot). Checked against llama.cpp's own log on an H200 (benchmarks/results/gpu-presets-h200.md):
+    172 MiB for 4 slots x 16384, ubatch 512, flash attention on; 220 MiB with one unified 65536-token stream.
+    - FFN: gate, up and their product (f32, 3 x n_ff per token) and three n_embd-wide activations
+    - the attention mask: f16, one row per prompt token over the slot's KV
+    - without flash attention, the scores: f32, n_head x ctx per token
+    - logits on the GPU holding the output layer: f32, one n_vocab row per output; llama-server asks for one output
+      per slot and draft token (server_output_limits), not one per prompt token"""
+    activations = ubatch * 4 * (3 * model.n_ff + 3 * model.n_embd)
+    mask = ctx * ubatch * 2
     scores = 0 if flash else model.n_head * ctx * ubatch * 4
-    logits = model.n_vocab * ubatch * 4 if last else 0
-    return int(scratch + scores + logits)
+    logits = model.n_vocab * outputs * 4 if last else 0
+    return int(activations + mask + scores + logits)
+
+
+def server_outputs(config: StackConfig, model: ModelInfo) -> int:
+    """Outputs llama-server reserves logits for: slots x (1 + draft tokens), at most a batch (common/speculative.cpp,
+    common_speculative_get_output_limits)."""
+    settings = config.engine_settings("llama.cpp")
+    spec = str(settings.get("spec_type", "none"))
+    rule = catalog.get("llama.cpp").model_dependent.get("spec_type")
+    if spec == "auto" and rule:
+        spec = rule.with_mtp if model.mtp_layers else rule.without_mtp
+    draft = int(settings.get("spec_draft_n_max", 0)) if spec not in ("", "none") else 0
+    return min(int(settings["batch"]), config.serve.concurrency * (1 + draft))
+
+
+def cuda_context_bytes(config: StackConfig) -> int:
+    """What the CUDA runtime, cuBLAS and NCCL take per GPU before any model byte: the GPU's measured figure in
+    images/gpus.yaml where there is one, else the table's default."""
+    table = gpu_table()
+    mib = table["gpus"].get(config.hardware.gpu_model, {}).get("cuda_context_mib", table["cuda_context_mib"])
+    return int(mib * MIB)
 
 
 def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int | None = None,
@@ -130,7 +158,7 @@ def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int |
     ub = ubatch or int(settings["ubatch"])
     flash = str(settings["flash_attn"]).lower() in ("on", "auto", "true", "1")
     mem = int(config.hardware.memory_gib * GIB)
-    overhead = int(gpu_table()["cuda_context_mib"] * MIB)
+    overhead = cuda_context_bytes(config)
     split = [float(x) for x in settings["tensor_split"]] if len(settings["tensor_split"]) == n_gpu else [1.0] * n_gpu
     host = 0
     plans = [GpuPlan(i, mem, overhead=overhead) for i in range(n_gpu)]
@@ -165,8 +193,9 @@ def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int |
                 p.weights += int(t.nbytes * share)
         else:
             plans[home].weights += t.nbytes
+    outputs = server_outputs(config, model)
     for p in plans:
-        p.compute = compute_bytes(model, ctx, ub, flash, p.index == last)
+        p.compute = compute_bytes(model, ctx, ub, flash, p.index == last, outputs)
     return Plan("llama.cpp", model.summary(), ctx, plans, host, 0, int(settings["batch"]), ub, slots=slots)
 
 
@@ -181,7 +210,7 @@ def plan_tensor_parallel(config: StackConfig, engine: str, model: ModelInfo, ctx
     tp = max(1, config.hardware.gpus if gpus is None else gpus)
     util = float(settings.get("gpu_memory_utilization", 0.9))
     mem = int(config.hardware.memory_gib * GIB)
-    overhead = int(gpu_table()["cuda_context_mib"] * MIB + gpu_table()["vllm_activation_gib"] * GIB)
+    overhead = cuda_context_bytes(config) + int(gpu_table()["vllm_activation_gib"] * GIB)
     reserved, weights = int(mem * util), model.weights_bytes // tp
     pool = max(0, reserved - weights - overhead)  # vLLM takes the whole pool for KV blocks
     plans = [GpuPlan(i, reserved, weights=weights, kv=pool, overhead=overhead) for i in range(tp)]

@@ -256,3 +256,40 @@ def test_stack_plan_primary_and_fallback_share_gpus(tmp_path, preset, memory, ut
         assert result.returncode == 1, result.stdout + result.stderr
         assert expect in result.stderr
     assert "together" in result.stdout
+
+
+def test_compute_buffer_matches_llama_cpp_log_on_h200(model27):
+    """llama.cpp's own log on an H200 (benchmarks/results/gpu-presets-h200.md, 27B shape: 5120 wide, FFN 21504,
+    40 heads, 151936 vocabulary): `CUDA0 compute buffer size = 172 MiB` for 4 slots x 16384, ubatch 512, flash
+    attention on; 220 MiB for one unified 65536-token stream. The plan was 417 MiB before (logits for 512 outputs)."""
+    m = modelinfo.read(model27)
+    # FFN and activations: 512 tokens x 4 B x (3 x 21504 + 3 x 5120) = 163,577,856
+    # mask: 16384 x 512 x 2 B = 16,777,216; logits: 151936 x 4 outputs (4 slots, no draft) x 4 B = 2,430,976
+    assert plan.compute_bytes(m, 16384, 512, True, True, 4) == 163_577_856 + 16_777_216 + 2_430_976
+    assert 172 * 2**20 <= plan.compute_bytes(m, 16384, 512, True, True, 4) <= 1.03 * 172 * 2**20
+    # one unified stream: the mask spans 65536 tokens (67,108,864 B)
+    unified = plan.compute_bytes(m, 65536, 512, True, True, 4)
+    assert unified == 163_577_856 + 67_108_864 + 2_430_976 and 220 * 2**20 <= unified <= 1.03 * 220 * 2**20
+    # the plan asks for one output per slot: the default (4 slots, no MTP layers in this model) on the last GPU
+    config = make_config({"preset": "single-v100-32g"})
+    p = plan.plan_llama(config, m, 16384)
+    assert p.gpus[0].compute == 163_577_856 + 16_777_216 + 2_430_976
+    # flash attention off adds the f32 scores: 40 heads x 16384 x 512 x 4 B = 1,342,177,280 (1.25 GiB)
+    assert plan.compute_bytes(m, 16384, 512, False, False, 4) == 163_577_856 + 16_777_216 + 1_342_177_280
+
+
+def test_draft_tokens_add_outputs(tmp_path):
+    from tests.ggufmodels import write_tiny_llama
+
+    with_mtp = modelinfo.read(write_tiny_llama(tmp_path / "mtp.gguf", extra={"llama.nextn_predict_layers": 1}))
+    plain = modelinfo.read(write_tiny_llama(tmp_path / "plain.gguf"))
+    config = make_config({})
+    # spec_type auto: draft-mtp with spec_draft_n_max 3 on a model with MTP layers -> 4 slots x (1 + 3) outputs
+    assert plan.server_outputs(config, with_mtp) == 16 and plan.server_outputs(config, plain) == 4
+    # at most one batch: 200 slots x (1 + 3) = 800 outputs, capped at batch 512
+    assert plan.server_outputs(make_config({"serve": {"concurrency": 200}}), with_mtp) == 512
+
+
+def test_cuda_context_is_the_gpus_own_where_measured():
+    assert plan.cuda_context_bytes(make_config({})) == 450 * 2**20  # V100: the seeds' upper end
+    assert plan.cuda_context_bytes(make_config({"hardware": {"gpu_model": "NVIDIA H200"}})) == 600 * 2**20
