@@ -68,6 +68,7 @@ def init(
     output: Path = typer.Option(Path("kit.yaml"), "--output", "-o", help="Where to write the config."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
     list_presets: bool = typer.Option(False, "--list", help="List the presets and exit."),
+    base: str = typer.Option("", "--base", help="Build both stages on this image (one made by `kit base`)."),
 ) -> None:
     """Write a commented stack config with every field defaulted."""
     from kit import config, initfile, rules
@@ -76,8 +77,8 @@ def init(
         for name, entry in config.presets().items():
             out.print(f"[bold]{name}[/]  {entry['summary']}")
         return
-    text = initfile.render(preset) if preset in config.presets() else config.preset_data(preset)
-    rules.validate(config.from_dict({"preset": preset}))
+    text = initfile.render(preset, base) if preset in config.presets() else config.preset_data(preset)
+    rules.validate(config.from_dict({"preset": preset, **({"base": {"builder": base, "runtime": base}} if base else {})}))
     if output.exists() and not force:
         raise KitError("--output", f"{output} exists", "pass --force to overwrite it")
     output.write_text(str(text), encoding="utf-8")
@@ -143,6 +144,7 @@ def base(
     with err.status(f"mmdebstrap {suite} -> {tag}"):
         image_id = base_image.make_base(suite, tag, mirror, [p for p in include.split(",") if p])
     out.print(f"{tag} {image_id}")
+    out.print(f"use it: kit init --base {tag}  (or base: {{builder: {tag}, runtime: {tag}}} in kit.yaml)", markup=False)
 
 
 @app.command()

@@ -18,9 +18,17 @@ def _scalar(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix("\n...").strip()
 
 
-def render(preset: str) -> str:
+GPU_SECTIONS = ("cuda", "nccl")  # read only when an engine runs on GPUs
+
+
+def render(preset: str, base: str = "") -> str:
+    """The preset with every field; ``base`` (an image made by `kit base`) as both build bases."""
     summary = cfg.presets()[preset]["summary"] if preset in cfg.presets() else ""
-    model = cfg.from_dict({"preset": preset})
+    overrides: dict[str, Any] = {"preset": preset}
+    if base:
+        overrides["base"] = {"builder": base, "runtime": base}
+    model = cfg.from_dict(overrides)
+    gpu = model.hardware.gpus > 0
     lines = [
         f"# kit stack config - preset {preset}: {summary}",
         "# Every field is shown with its value; delete any you do not change. `kit render -c kit.yaml -o out/`.",
@@ -32,6 +40,9 @@ def render(preset: str) -> str:
         sub: BaseModel = getattr(model, section)
         lines.append("")
         lines.append(f"# {field.description or ''}".rstrip() if field.description else f"# {section}")
+        if section in GPU_SECTIONS and not gpu:
+            lines.append(f"# {section}: not used by a stack without GPUs (hardware.gpus: 0)")
+            continue
         lines.append(f"{section}:")
         for key, subfield in type(sub).model_fields.items():
             lines.append(f"  {key}: {_scalar(getattr(sub, key))}".ljust(40) + f"  # {subfield.description}")

@@ -51,11 +51,26 @@ def test_init_writes_a_config_that_loads_back(tmp_path):
         result = run(["init", "--preset", preset, "-o", str(target)], tmp_path)
         assert result.returncode == 0, result.stderr
         text = target.read_text()
-        assert "nccl:" in text and "  version: 2.27.3" in text and "#" in text
+        if preset == "cpu":  # no GPU engine: the CUDA and NCCL sections are said to be unused, not filled in
+            assert "\nnccl:" not in text and "\ncuda:" not in text
+            assert "# nccl: not used by a stack without GPUs (hardware.gpus: 0)" in text
+            assert "stack:\n  name: kit-cpu" in text
+        else:
+            assert "\nnccl:" in text and "  version: 2.27.3" in text and "#" in text
         result = run(["render", "-c", str(target), "-o", str(tmp_path / f"out-{preset}")], tmp_path)
         assert result.returncode == 0, result.stderr
     again = run(["init", "-o", str(tmp_path / "cpu.yaml"), "--preset", "cpu"], tmp_path)
     assert again.returncode == 2 and "--force" in again.stderr
+
+
+def test_init_with_a_base_made_by_kit_base(tmp_path):
+    """`kit base` makes kit/base:bookworm; `kit init --base` builds both stages on it, never on Docker Hub's."""
+    result = run(["init", "--preset", "cpu", "--base", "kit/base:bookworm"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert run(["render"], tmp_path).returncode == 0
+    dockerfile = (tmp_path / "out/images/llama.cpp/Dockerfile").read_text()
+    assert "ARG BUILDER_IMAGE=kit/base:bookworm\nARG RUNTIME_IMAGE=kit/base:bookworm\n" in dockerfile
+    assert "debian:bookworm-slim" not in dockerfile
 
 
 def test_engines_lists_the_catalog(tmp_path):
