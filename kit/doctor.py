@@ -63,6 +63,29 @@ def check_config(config: StackConfig, report: Report) -> None:
         report.add("config", "ok", "the stack config passes every V100 rule")
     except KitError as exc:
         report.add("config", "fail", exc.line())
+        return
+    check_model(config, report)
+
+
+def check_model(config: StackConfig, report: Report) -> None:
+    """Where the model is on this machine: a context past what it was trained for is said here too (render and
+    plan say it), since llama-server then caps every request without a word to the client."""
+    from kit import resolve
+
+    for name in config.engine_names():
+        try:
+            resolved = resolve.engine(config, name)
+            info = resolve.model_info(config, name)
+        except KitError as exc:
+            report.add(f"{name}-model", "fail", exc.line())
+            continue
+        if info is None:
+            report.add(f"{name}-model", "warn", f"{resolved.host_model_path} is not on this machine")
+        elif info.context_length and resolved.ctx > info.context_length:
+            report.add(f"{name}-context", "warn", resolve.trained_length_note(resolved.ctx, info))
+        else:
+            trained = f" (trained for {info.context_length})" if info.context_length else ""
+            report.add(f"{name}-context", "ok", f"{resolved.slots} requests x {resolved.ctx} tokens{trained}")
 
 
 def check_driver(config: StackConfig, gpus: list[nvsmi.Gpu], driver_cuda: str | None, report: Report,

@@ -50,15 +50,38 @@ def test_parsers_read_recorded_outputs(fake_smi):
     assert nvsmi.cuda_version() == "13.0"
 
 
-def test_healthy_sxm2_nvlink(fake_smi):
+@pytest.fixture
+def model_here(tmp_path):
+    """The stack's model on this machine (trained for 40960 tokens, like the seeds' 27B)."""
+    from tests.ggufmodels import write_tiny_llama
+
+    write_tiny_llama(tmp_path / "m.gguf", ctx=40960)
+    return {"dir": str(tmp_path), "file": "m.gguf"}
+
+
+def test_healthy_sxm2_nvlink(fake_smi, model_here):
     fake_smi("sxm2-nvlink")
-    report = run({})
+    report = run({"model": model_here})
     checks = by_check(report)
     assert report.exit_code == 0, report.as_dicts()
     assert checks["gpu-link"].status == "ok" and "NV6" in checks["gpu-link"].detail
     assert checks["driver"].status == "ok" and "R580" in checks["driver"].detail
     assert checks["gpus"].status == "ok"
     assert all(f.status == "ok" for f in report.findings), report.as_dicts()
+
+
+def test_context_past_the_trained_length_is_a_warning(fake_smi, model_here):
+    fake_smi("sxm2-nvlink")
+    checks = by_check(run({"model": {**model_here, "ctx": 65536}}))
+    # 65536 / 40960 = 1.6: RoPE scale 2 (rounded up)
+    assert checks["llama.cpp-context"].status == "warn"
+    assert checks["llama.cpp-context"].detail.startswith(
+        "model.ctx 65536 is longer than m.gguf was trained for (40960): llama-server caps each request at 40960")
+    assert "--rope-scale, '2'" in checks["llama.cpp-context"].detail
+    fine = by_check(run({"model": model_here}))["llama.cpp-context"]
+    assert (fine.status, fine.detail) == ("ok", "4 requests x 16384 tokens (trained for 40960)")
+    missing = by_check(run({"model": {"dir": "/nonexistent", "file": "m.gguf"}}))["llama.cpp-model"]
+    assert missing.status == "warn" and "/nonexistent/m.gguf is not on this machine" in missing.detail
 
 
 def test_pcie_phb_with_a_x4_gen2_card(fake_smi):
