@@ -327,8 +327,55 @@ def run(url: str, *, api_key: str | None = None, model: str | None = None, names
 
 
 def roofline(model_bytes: float, bandwidth_gbs: float, parallel_gpus: int = 1) -> float:
-    """Decode tok/s if every token reads all weights once at full memory bandwidth."""
+    """Decode tok/s if every token reads ``model_bytes`` once at full memory bandwidth (``parallel_gpus`` reading
+    their shares at once)."""
     return bandwidth_gbs * 1e9 * parallel_gpus / model_bytes
+
+
+@dataclass
+class Roofline:
+    """The single-stream decode limit of a stack: the bytes each token reads where they are, at that memory's
+    bandwidth, with where each number came from."""
+
+    tok_s: float
+    read_bytes: float  # weights read per token (host-resident token embeddings: one row, left out)
+    bandwidth_gbs: float
+    bandwidth_source: str  # "datasheet (images/gpus.yaml)" or "measured: ..."
+    how: str
+
+    def line(self, best: float) -> str:
+        return (f"{best:.1f} tok/s single-stream = {100 * best / self.tok_s:.0f}% of the {self.tok_s:.1f} tok/s "
+                f"bandwidth limit ({self.how}; {round(self.bandwidth_gbs, 1):g} GB/s {self.bandwidth_source})")
+
+
+def plan_roofline(gpu_weights: list[int], host_layer_bytes: int, split_mode: str, gpu_bandwidth_gbs: float,
+                  host_bandwidth_gbs: float, host_source: str) -> Roofline:
+    """From ``kit plan``'s split: with a layer split the GPUs take turns (a token reads every GPU's share one after
+    the other); with row or tensor split they read their shares at once (the largest share sets the pace). A CPU
+    stack reads its layers from host memory."""
+    if not gpu_weights:
+        return Roofline(host_bandwidth_gbs * 1e9 / host_layer_bytes, host_layer_bytes, host_bandwidth_gbs,
+                        host_source, f"{host_layer_bytes / 1e9:.2f} GB of layers in host memory")
+    total = float(sum(gpu_weights))
+    if split_mode in ("row", "tensor") and len(gpu_weights) > 1:
+        slowest = max(gpu_weights)
+        return Roofline(gpu_bandwidth_gbs * 1e9 / slowest, total, gpu_bandwidth_gbs, "datasheet (images/gpus.yaml)",
+                        f"{len(gpu_weights)} GPUs read {total / 1e9:.2f} GB at once, {slowest / 1e9:.2f} GB the largest")
+    return Roofline(gpu_bandwidth_gbs * 1e9 / total, total, gpu_bandwidth_gbs, "datasheet (images/gpus.yaml)",
+                    f"{total / 1e9:.2f} GB on {len(gpu_weights)} GPU(s), read in turn")
+
+
+def host_bandwidth_gbs(size: int = 256 * 2**20, rounds: int = 3) -> float:
+    """This machine's memory bandwidth from a copy test (one buffer copied into another: ``size`` read and written
+    per round), the best of ``rounds``: the figure a CPU stack's decode is bound by."""
+    src, dst = bytearray(size), bytearray(size)
+    view = memoryview(dst)
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        view[:] = src
+        best = min(best, time.perf_counter() - start)
+    return 2 * size / best / 1e9
 
 
 def to_json(runs: list[Run]) -> str:

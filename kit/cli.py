@@ -444,11 +444,56 @@ def doctor(
     raise typer.Exit(report.exit_code)
 
 
+def _roofline(stack: Any, model_bytes: Optional[float], model_file: Optional[Path], gpu: Optional[str],
+              parallel_gpus: int) -> Any:
+    """The decode limit to compare with: from the given weights size, else from kit plan's split of the stack's
+    model when it is on this machine (GPU: datasheet bandwidth; cpu flavor: this host's, measured)."""
+    from kit import bench as bencher
+    from kit.plan import gpu_table
+
+    gpus = gpu_table()["gpus"]
+    name = gpu or (stack.hardware.gpu_model if stack is not None else "Tesla V100-SXM2-16GB")
+    if (model_bytes or model_file) and name not in gpus:
+        raise KitError("--gpu", f"unknown GPU {name!r}", f"use one of {', '.join(gpus)}")
+    if model_file is not None:
+        from kit import modelinfo
+
+        model_bytes = float(modelinfo.read(model_file).weights_bytes)
+    if model_bytes:
+        bw = gpus[name]["bandwidth_gbs"]
+        return bencher.Roofline(bencher.roofline(model_bytes, bw, parallel_gpus), model_bytes, bw,
+                                "datasheet (images/gpus.yaml)",
+                                f"{model_bytes / 1e9:.2f} GB given, {parallel_gpus} GPU(s) at once")
+    if stack is None:
+        return None
+    from kit import plan as planner, resolve
+
+    primary = stack.stack.primary
+    info = resolve.model_info(stack, primary)
+    if info is None:
+        out.print(f"roofline: {resolve.host_model_path(stack, primary)} is not on this machine (pass --model-file)")
+        return None
+    resolved = resolve.engine(stack, primary)
+    made = planner.make_plan(stack, info, primary, resolved.ctx)
+    embeddings = sum(t.nbytes for t in info.tensors if t.name.startswith("token_embd"))
+    split = str(resolved.settings.get("split_mode", "tensor"))
+    host_bw = bencher.host_bandwidth_gbs() if not resolved.gpu else 0.0
+    return bencher.plan_roofline([g.weights for g in made.gpus] if resolved.gpu else [],
+                                 info.weights_bytes - embeddings, split,
+                                 gpus.get(stack.hardware.gpu_model, {}).get("bandwidth_gbs", 0.0), host_bw,
+                                 "measured (copy test on this host)")
+
+
 @app.command()
 def bench(
-    url: str = typer.Option(..., "--url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080"),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="KIT_API_KEY", help="Bearer key (KIT_API_KEY)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first /v1/models entry)."),
+    config_path: Optional[Path] = ConfigOpt,
+    output: Path = OutOpt,
+    url: Optional[str] = typer.Option(None, "--url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080; "
+                                                          "default: the deployed stack's (front door or primary)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="KIT_API_KEY",
+                                          help="Bearer key (KIT_API_KEY); default: the stack's, from OUTPUT/.env."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name (default: model.name of the stack, else the "
+                                                              "first /v1/models entry)."),
     scenarios: str = typer.Option("short,medium,long", "--scenarios", help="Comma-separated scenarios."),
     concurrency: str = typer.Option("1,4", "--concurrency", help="Comma-separated concurrency levels."),
     requests_per: Optional[int] = typer.Option(None, "--requests", help="Requests per scenario and level."),
@@ -456,15 +501,28 @@ def bench(
     compare: Optional[list[str]] = typer.Option(None, "--compare", help="Another endpoint to measure side by side."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every raw sample here."),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of tok/s by scenario and concurrency."),
-    model_bytes: Optional[float] = typer.Option(None, "--model-bytes", help="Weights size, for the roofline."),
+    model_bytes: Optional[float] = typer.Option(None, "--model-bytes", help="Weights read per token, for the "
+                                                "roofline (default: from kit plan's split of the stack's model)."),
     model_file: Optional[Path] = typer.Option(None, "--model-file", help="GGUF/HF model, for the roofline."),
-    gpu: str = typer.Option("Tesla V100-SXM2-16GB", "--gpu", help="GPU name in images/gpus.yaml (bandwidth)."),
-    parallel_gpus: int = typer.Option(1, "--parallel-gpus", help="GPUs reading weights at once (tensor parallel)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name in images/gpus.yaml (bandwidth); default: "
+                                                          "hardware.gpu_model."),
+    parallel_gpus: int = typer.Option(1, "--parallel-gpus", help="GPUs reading weights at once (tensor parallel), "
+                                                                 "with --model-bytes / --model-file."),
     timeout: float = typer.Option(300, "--timeout", help="Seconds per request."),
 ) -> None:
     """The seeds' speed table: short/medium/long decode tok/s and total tok/s under concurrency."""
     from kit import bench as bencher
 
+    stack = None
+    if url is None or config_path is not None or DEFAULT_CONFIG.is_file():
+        stack = _config(config_path)
+    if url is None:
+        from kit import deploy as deployer
+        from kit.services import endpoint
+
+        url = endpoint(stack)
+        api_key = api_key or deployer.api_key(output)
+        model = model or stack.model.name
     levels = [int(c) for c in concurrency.split(",") if c.strip()]
     names = [s.strip() for s in scenarios.split(",") if s.strip()]
     runs = []
@@ -507,25 +565,11 @@ def bench(
         for r in run.results:
             for e in r.errors:
                 out.print(f"  [red]{r.scenario} x{r.concurrency}[/]: {e}", markup=True)
-    size = model_bytes
-    if model_file is not None:
-        from kit import modelinfo
-
-        size = float(modelinfo.read(model_file).weights_bytes)
-    if size:
-        from kit.plan import gpu_table
-
-        gpus = gpu_table()["gpus"]
-        if gpu not in gpus:
-            raise KitError("--gpu", f"unknown GPU {gpu!r}", f"use one of {', '.join(gpus)}")
-        limit = bencher.roofline(size, gpus[gpu]["bandwidth_gbs"], parallel_gpus)
-        for run in runs:
-            single = [r.decode_tps.get("median", 0) for r in run.results if r.concurrency == 1 and r.decode_tps]
-            if single:
-                best = max(single)
-                out.print(f"roofline {run.url}: {best:.1f} tok/s single-stream = {100 * best / limit:.0f}% of the "
-                          f"{limit:.1f} tok/s bandwidth limit ({gpus[gpu]['bandwidth_gbs']} GB/s x {parallel_gpus} / "
-                          f"{size / 1e9:.1f} GB)")
+    limit = _roofline(stack, model_bytes, model_file, gpu, parallel_gpus)
+    for run in runs:
+        single = [r.decode_tps.get("median", 0) for r in run.results if r.concurrency == 1 and r.decode_tps]
+        if limit and single:
+            out.print(f"roofline {run.url}: {limit.line(max(single))}", markup=False, soft_wrap=True)
     if json_out:
         json_out.write_text(bencher.to_json(runs), encoding="utf-8")
         out.print(f"raw samples: {json_out}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -142,6 +143,30 @@ def test_cli_table_json_plot_roofline_and_compare(tmp_path):
     data = json.loads((tmp_path / "o.json").read_text())
     assert len(data) == 2 and len(data[0]["samples"]) == 2 * 2 * 2
     assert (tmp_path / "o.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_takes_the_stack_config(tmp_path):
+    """#15 item 11: `kit bench -c kit.yaml` finds the endpoint (serve.port), the key (out/.env) and the model name
+    (model.name) of the stack; the roofline comes from kit plan's split of the stack's model (cpu: host memory)."""
+    from tests.ggufmodels import write_tiny_llama
+
+    (tmp_path / "models").mkdir()
+    write_tiny_llama(tmp_path / "models" / "tiny.gguf")
+    with StreamServer(ttft_s=0.01, token_s=0.002, api_key="s3cret") as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        (tmp_path / "kit.yaml").write_text(
+            f"preset: cpu\nserve: {{port: {port}}}\nmodel: {{dir: {tmp_path / 'models'}, file: tiny.gguf, name: tiny}}\n")
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / ".env").write_text("KIT_API_KEY=s3cret\n")
+        result = subprocess.run([sys.executable, "-m", "kit", "bench", "--scenarios", "short", "--concurrency", "1",
+                                 "--requests", "2", "--warmup", "0"], capture_output=True, text=True, timeout=120,
+                                cwd=tmp_path, env={**os.environ, "COLUMNS": "200"})
+        bodies = list(server.counter.bodies)
+    assert result.returncode == 0, result.stderr
+    assert f"http://127.0.0.1:{port}" in result.stdout
+    assert bodies and all(b["model"] == "tiny" for b in bodies)
+    assert "bandwidth limit" in result.stdout and "layers in host memory" in result.stdout
+    assert "measured (copy test on this host)" in result.stdout
 
 
 def test_roofline():

@@ -293,3 +293,33 @@ def test_draft_tokens_add_outputs(tmp_path):
 def test_cuda_context_is_the_gpus_own_where_measured():
     assert plan.cuda_context_bytes(make_config({})) == 450 * 2**20  # V100: the seeds' upper end
     assert plan.cuda_context_bytes(make_config({"hardware": {"gpu_model": "NVIDIA H200"}})) == 600 * 2**20
+
+
+def test_roofline_reads_the_weights_on_the_gpus_not_the_file(model27):
+    """#15 item 6: the limit divides by the bytes a token reads on the GPUs (kit plan's split), not the whole file;
+    token embeddings stay on the host and a token reads one row of them."""
+    from kit import bench
+
+    m = modelinfo.read(model27)
+    p = plan.make_plan(make_config({}), m)
+    layer = expected_weights({**SHAPES_27B, "n_layer": 1}) - expected_weights({**SHAPES_27B, "n_layer": 0})
+    output = 151936 * 5120 // 256 * 136 + 5120 * 4  # output matrix (IQ4_XS blocks) + output norm (f32)
+    on_gpus = 64 * layer + output
+    assert sum(g.weights for g in p.gpus) == on_gpus
+    # layer split: the two V100s take turns, 900 GB/s each: 900e9 / bytes on both
+    r = bench.plan_roofline([g.weights for g in p.gpus], 0, "layer", 900, 0, "")
+    assert r.tok_s == 900e9 / on_gpus and r.read_bytes == on_gpus and r.bandwidth_source.startswith("datasheet")
+    assert r.tok_s > 900e9 / m.weights_bytes  # the whole file (with the 0.42 GB embeddings) was the old divisor
+    # row split: both read at once, the larger share sets the pace
+    row = bench.plan_roofline([6 * 10**9, 8 * 10**9], 0, "row", 900, 0, "")
+    assert row.tok_s == 900e9 / 8e9
+    # cpu: the layers from host memory at the host's bandwidth
+    cpu = bench.plan_roofline([], 10**9, "layer", 0, 40.0, "measured (copy test on this host)")
+    assert cpu.tok_s == 40.0 and "measured" in cpu.line(20.0) and "50% of the 40.0 tok/s" in cpu.line(20.0)
+
+
+def test_host_bandwidth_is_measured():
+    from kit import bench
+
+    gbs = bench.host_bandwidth_gbs(size=16 * 2**20, rounds=2)
+    assert 0.1 < gbs < 10_000  # a real copy: neither zero nor infinite
