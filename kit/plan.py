@@ -114,19 +114,24 @@ def layer_kv_bytes(model: ModelInfo, layer: int, ctx: int, k_type: str, v_type: 
 
 def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bool, outputs: int = 1) -> int:
     """llama.cpp's compute buffer: the worst case it reserves at start (src/llama-context.cpp, graph_reserve for a
-    ubatch of prompt tokens), from the graph's largest live tensors. ``ctx`` is one slot's KV length (kit runs one
-    KV stream per slot). Checked against llama.cpp's own log on an H200 (benchmarks/results/gpu-presets-h200.md):
-    172 MiB for 4 slots x 16384, ubatch 512, flash attention on; 220 MiB with one unified 65536-token stream.
-    - FFN: gate, up and their product (f32, 3 x n_ff per token) and three n_embd-wide activations
-    - the attention mask: f16, one row per prompt token over the slot's KV
-    - without flash attention, the scores: f32, n_head x ctx per token
-    - logits on the GPU holding the output layer: f32, one n_vocab row per output; llama-server asks for one output
-      per slot and draft token (server_output_limits), not one per prompt token"""
-    activations = ubatch * 4 * (3 * model.n_ff + 3 * model.n_embd)
+    ubatch of prompt tokens). ggml-alloc reuses memory between ops, so it is the larger of the two peaks of a layer
+    (the FFN, or attention), plus the attention mask that lives through the whole graph. ``ctx`` is one slot's KV
+    length: kit runs one KV stream per slot, and the mask and scores span one stream.
+    - FFN peak: gate, up and their product (f32, 3 x n_ff per token) and three n_embd-wide activations
+    - attention peak: four n_embd-wide and two K/V-wide rows per token; without flash attention also the f32 scores
+      (n_head x ctx per token) and a second copy of the mask
+    - mask: f16, one row of ctx per prompt token
+    - logits (the GPU with the output layer): f32, one n_vocab row per output, in memory the layers have freed;
+      llama-server asks for one output per slot and draft token (server_output_limits), not one per prompt token
+    Exact (to 0.01 MiB) at 9 settings on an H200 (benchmarks/results/gpu-compute-h200.json: ubatch 256-1024, 1-4
+    slots of 4096-32768 tokens, flash attention on and off); the plan was 3x too high before (417 vs 172 MiB)."""
     mask = ctx * ubatch * 2
-    scores = 0 if flash else model.n_head * ctx * ubatch * 4
+    ffn = ubatch * 4 * (3 * model.n_ff + 3 * model.n_embd)
+    attention = ubatch * 4 * (4 * model.n_embd + 2 * model.n_head_kv * model.head_dim)
+    if not flash:
+        attention += model.n_head * ctx * ubatch * 4 + mask
     logits = model.n_vocab * outputs * 4 if last else 0
-    return int(activations + mask + scores + logits)
+    return int(max(ffn, attention, logits) + mask)
 
 
 def server_outputs(config: StackConfig, model: ModelInfo) -> int:

@@ -259,23 +259,39 @@ def test_stack_plan_primary_and_fallback_share_gpus(tmp_path, preset, memory, ut
 
 
 def test_compute_buffer_matches_llama_cpp_log_on_h200(model27):
-    """llama.cpp's own log on an H200 (benchmarks/results/gpu-presets-h200.md, 27B shape: 5120 wide, FFN 21504,
-    40 heads, 151936 vocabulary): `CUDA0 compute buffer size = 172 MiB` for 4 slots x 16384, ubatch 512, flash
-    attention on; 220 MiB for one unified 65536-token stream. The plan was 417 MiB before (logits for 512 outputs)."""
+    """`CUDA0 compute buffer size` from llama.cpp's own log on an H200, 27B shape (5120 wide, FFN 21504, 40/8 heads
+    of 128, vocabulary 151936): benchmarks/results/gpu-compute-h200.json. Worked out by hand per row below:
+      FFN peak per token: 4 B x (3 x 21504 + 3 x 5120) = 319,488 B      (x 512 tokens = 156 MiB)
+      attention peak per token: 4 B x (4 x 5120 + 2 x 8 x 128) = 90,112 B (x 512 = 44 MiB)
+      mask: 2 B x ctx per token; scores (flash off): 4 B x 40 heads x ctx per token"""
     m = modelinfo.read(model27)
-    # FFN and activations: 512 tokens x 4 B x (3 x 21504 + 3 x 5120) = 163,577,856
-    # mask: 16384 x 512 x 2 B = 16,777,216; logits: 151936 x 4 outputs (4 slots, no draft) x 4 B = 2,430,976
-    assert plan.compute_bytes(m, 16384, 512, True, True, 4) == 163_577_856 + 16_777_216 + 2_430_976
-    assert 172 * 2**20 <= plan.compute_bytes(m, 16384, 512, True, True, 4) <= 1.03 * 172 * 2**20
-    # one unified stream: the mask spans 65536 tokens (67,108,864 B)
-    unified = plan.compute_bytes(m, 65536, 512, True, True, 4)
-    assert unified == 163_577_856 + 67_108_864 + 2_430_976 and 220 * 2**20 <= unified <= 1.03 * 220 * 2**20
-    # the plan asks for one output per slot: the default (4 slots, no MTP layers in this model) on the last GPU
+    MiB = 2**20
+    measured = {  # (ctx per slot, ubatch, flash) -> MiB in llama.cpp's log
+        (16384, 512, True): 172.01, (16384, 256, True): 86.01, (16384, 1024, True): 344.02,
+        (4096, 512, True): 160.01, (32768, 512, True): 188.01, (65536, 512, True): 220.0,  # 65536: one unified stream
+        (16384, 512, False): 1356.01, (4096, 512, False): 372.01, (16384, 256, False): 678.0,
+    }
+    by_hand = {
+        (16384, 512, True): 512 * 319_488 + 16384 * 512 * 2,                       # 156 + 16
+        (16384, 256, True): 256 * 319_488 + 16384 * 256 * 2,                       # 78 + 8
+        (16384, 1024, True): 1024 * 319_488 + 16384 * 1024 * 2,                    # 312 + 32
+        (4096, 512, True): 512 * 319_488 + 4096 * 512 * 2,                         # 156 + 4
+        (32768, 512, True): 512 * 319_488 + 32768 * 512 * 2,                       # 156 + 32
+        (65536, 512, True): 512 * 319_488 + 65536 * 512 * 2,                       # 156 + 64
+        # flash off: attention (44 + 1280 scores + 16 mask) beats the FFN's 156, then the mask again
+        (16384, 512, False): 512 * 90_112 + 40 * 16384 * 512 * 4 + 2 * 16384 * 512 * 2,
+        (4096, 512, False): 512 * 90_112 + 40 * 4096 * 512 * 4 + 2 * 4096 * 512 * 2,
+        (16384, 256, False): 256 * 90_112 + 40 * 16384 * 256 * 4 + 2 * 16384 * 256 * 2,
+    }
+    for (ctx, ubatch, flash), mib in measured.items():
+        planned = plan.compute_bytes(m, ctx, ubatch, flash, True, 4)
+        assert planned == by_hand[(ctx, ubatch, flash)], (ctx, ubatch, flash)
+        assert abs(planned / MiB - mib) <= 0.02, (ctx, ubatch, flash, planned / MiB, mib)
+    # the plan asks for one output per slot: 4 slots' logits (2.3 MiB) fit in what the layers freed
     config = make_config({"preset": "single-v100-32g"})
-    p = plan.plan_llama(config, m, 16384)
-    assert p.gpus[0].compute == 163_577_856 + 16_777_216 + 2_430_976
-    # flash attention off adds the f32 scores: 40 heads x 16384 x 512 x 4 B = 1,342,177,280 (1.25 GiB)
-    assert plan.compute_bytes(m, 16384, 512, False, False, 4) == 163_577_856 + 16_777_216 + 1_342_177_280
+    assert plan.plan_llama(config, m, 16384).gpus[0].compute == by_hand[(16384, 512, True)]
+    # a whole batch of outputs (embeddings) would not: 151936 x 512 x 4 B = 297 MiB > the FFN's 156
+    assert plan.compute_bytes(m, 16384, 512, True, True, 512) == 151936 * 512 * 4 + 16384 * 512 * 2
 
 
 def test_draft_tokens_add_outputs(tmp_path):
@@ -292,7 +308,8 @@ def test_draft_tokens_add_outputs(tmp_path):
 
 def test_cuda_context_is_the_gpus_own_where_measured():
     assert plan.cuda_context_bytes(make_config({})) == 450 * 2**20  # V100: the seeds' upper end
-    assert plan.cuda_context_bytes(make_config({"hardware": {"gpu_model": "NVIDIA H200"}})) == 600 * 2**20
+    # H200: nvidia-smi's used memory less llama.cpp's model, KV and compute buffers = 601.2 MiB at all 9 settings
+    assert plan.cuda_context_bytes(make_config({"hardware": {"gpu_model": "NVIDIA H200"}})) == 602 * 2**20
 
 
 def test_roofline_reads_the_weights_on_the_gpus_not_the_file(model27):
