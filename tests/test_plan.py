@@ -340,3 +340,24 @@ def test_host_bandwidth_is_measured():
 
     gbs = bench.host_bandwidth_gbs(size=16 * 2**20, rounds=2)
     assert 0.1 < gbs < 10_000  # a real copy: neither zero nor infinite
+
+
+def test_v_cache_has_its_own_type(model27):
+    """K f16 and V q8_0: 2 + 1.0625 bytes per value, not K's type twice (a mutation that survived before)."""
+    config = make_config({"engines": {"llama.cpp": {"cache_type_k": "f16", "cache_type_v": "q8_0"}}})
+    p = plan.plan_llama(config, modelinfo.read(model27), 16384)
+    # 4 slots x 16384 tokens x 8 KV heads x 128 x (2 + 1.0625) bytes, per layer; 33 layers on GPU 0
+    assert p.gpus[0].kv == 33 * int(4 * 16384 * 8 * 128 * (2 + 1.0625))
+
+
+def test_recommend_batch_shrinks_when_512_does_not_fit(model27):
+    """ubatch 512 -> 256 saves 86 MiB here (by hand: 256 x 319,488 B of FFN peak + 16384 x 256 x 2 B of mask =
+    90,177,536 B), so a card 43 MiB short at 512 fits at 256."""
+    m = modelinfo.read(model27)
+    single = {"preset": "single-v100-32g"}
+    used_512 = plan.plan_llama(make_config(single), m, 16384, ubatch=512).gpus[0].used
+    used_256 = plan.plan_llama(make_config(single), m, 16384, ubatch=256).gpus[0].used
+    assert used_512 - used_256 == 90_177_536
+    short = make_config({**single, "hardware": {"memory_gib": (used_512 - 43 * 2**20) / GIB}})
+    assert plan.recommend_batch(short, m, 16384) == (256, 256)
+    assert plan.recommend_batch(make_config(single), m, 16384) == (512, 512)
