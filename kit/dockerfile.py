@@ -159,6 +159,7 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
                     "build_flags": {k: v.strip('"') for k, v in backend["cmake_flags"]}} if backend else None,
         "torch_cuda_arch_list": archs.torch(arch_list) if gpu and engine.recipe == "torch-source" else None,
         "entrypoint": engine.entrypoint,
+        "prefix": engine.runtime.prefix,  # where the engine's code lives: kit verify scans all of it
         "kit_version": __version__,
     }
     labels = {

@@ -183,11 +183,19 @@ def _declared_script(ins: Inspection, path: str) -> bool:
 
 
 def engine_files(ins: Inspection) -> list[str]:
+    """Every executable and shared library of the engine, recursively under its install folder (the manifest's
+    ``prefix``, else the entrypoint's folder), symlinks resolved, each once: where the engine loads code from."""
     entry = ins.config.get("Entrypoint") or []
     if not entry:
         return []
-    folder = str(Path(entry[0]).parent)
-    found = ins.host.run(f"find {shlex.quote(folder)} -maxdepth 1 -type f \\( -perm -u+x -o -name '*.so*' \\)")
+    # the entrypoint's folder always (a forged manifest cannot point the scan away from it), and a cmake engine's
+    # recorded install folder; a Python engine's venv is scanned by the checks that need it
+    folders = {str(Path(entry[0]).parent)}
+    if (ins.manifest or {}).get("recipe") == "cmake" and (ins.manifest or {}).get("prefix"):
+        folders.add(str(ins.manifest["prefix"]))
+    where = " ".join(shlex.quote(f) for f in sorted(folders))
+    found = ins.host.run(f"find -L {where} -type f \\( -perm -u+x -o -name '*.so*' \\) "
+                         f"-exec readlink -f {{}} \\; 2>/dev/null | sort -u")
     files = [line for line in found.stdout.splitlines() if line]
     if entry[0] not in files:
         files.insert(0, entry[0])
@@ -224,24 +232,33 @@ def cuda_arch(ins: Inspection) -> tuple[str, str]:
         # python engines: every extension module under the prefix
         listing = ins.host.run("find /opt/venv -name '*.so' -size +100k 2>/dev/null | head -200")
         files = listing.stdout.split()
+    unreadable: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for path in files:
             local = ins.copy_out(path, Path(tmp))
             try:
                 archs = fatbin.archs(local)
-            except fatbin.FatbinError:
+            except fatbin.FatbinError as exc:
+                if local.read_bytes()[:4] == b"\x7fELF":  # an ELF whose device code cannot be read: never skipped
+                    unreadable.append(f"{path} ({exc})")
                 continue
             finally:
                 local.unlink(missing_ok=True)
             if archs["sass"] or archs["ptx"]:
-                found[Path(path).name] = archs
+                found[path] = archs
+    if unreadable:
+        return "fail", f"device code that cannot be read: {', '.join(unreadable)}"
     if not found:
         return "fail", f"no CUDA device code found; expected sm_{expected}"
     wrong = {name: a["sass"] for name, a in found.items() if a["sass"] != expected}
     if wrong:
         detail = ", ".join(f"{name}: sm {sass or 'none (PTX only)'}" for name, sass in sorted(wrong.items()))
         return "fail", f"expected real code for exactly sm {expected}; {detail}"
-    return "ok", f"{len(found)} files carry real code for sm {expected} only"
+    ptx = {name: a["ptx"] for name, a in found.items() if a["ptx"]}
+    if ptx:
+        detail = ", ".join(f"{name}: compute {archs}" for name, archs in sorted(ptx.items()))
+        return "fail", f"PTX beside the real code ({detail}): kit builds real code only (`-real` archs)"
+    return "ok", f"{len(found)} files carry real code for sm {expected} only, no PTX"
 
 
 @check("runs")
@@ -280,6 +297,11 @@ def healthcheck(ins: Inspection) -> tuple[str, str]:
     test = (ins.config.get("Healthcheck") or {}).get("Test") or []
     if not test or test[0] == "NONE":
         return "fail", "no HEALTHCHECK"
+    argv = test[1:] if test[0] == "CMD" else shlex.split(" ".join(test[1:]))  # CMD-SHELL: its first word
+    program = argv[0] if argv else ""
+    where = ins.host.run(f"command -v {shlex.quote(program)} || test -x {shlex.quote(program)}")
+    if not program or where.rc != 0:
+        return "fail", f"the healthcheck runs {program!r}, which is not in the image"
     return "ok", " ".join(test[1:])[:100]
 
 

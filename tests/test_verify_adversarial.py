@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -54,15 +56,22 @@ DEFECTS = {
                          "-----END RSA PRIVATE KEY-----\\n' > /opt/tls/server.pem\nUSER 10001", "secrets",
                          "/opt/tls/server.pem"),
     "no-healthcheck": ('HEALTHCHECK NONE', "healthcheck", "no HEALTHCHECK"),
+    "healthcheck-program-missing": ('HEALTHCHECK CMD ["curl", "-fsS", "http://127.0.0.1:8080/health"]', "healthcheck",
+                                    "the healthcheck runs 'curl', which is not in the image"),
+    "healthcheck-shell-program-missing": ('HEALTHCHECK CMD wget -q -O- http://127.0.0.1:8080/health', "healthcheck",
+                                          "the healthcheck runs 'wget', which is not in the image"),
 }
 
 
-def build(client, base: str, name: str, extra: str = "", forged: dict | None = None) -> str:
+def build(client, base: str, name: str, extra: str = "", forged: dict | None = None,
+          files: dict[str, bytes] | None = None) -> str:
     dockerfile = GOOD.format(base=base) + extra + "\n"
     manifest = {**MANIFEST, **(forged or {})}
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for fname, data in (("Dockerfile", dockerfile.encode()), ("manifest.json", json.dumps(manifest).encode())):
+        context = [("Dockerfile", dockerfile.encode()), ("manifest.json", json.dumps(manifest).encode()),
+                   *(files or {}).items()]
+        for fname, data in context:
             info = tarfile.TarInfo(fname)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -89,3 +98,81 @@ def test_one_defect_fails_its_check(defect, docker_ready, base_image):
     (result,) = verify.verify(tag, [check])
     assert result.status == "fail", (defect, result.detail)
     assert reason in result.detail, (defect, result.detail)
+
+
+# ---- cuda-arch: real CUDA objects (tests/fixtures/fatbin, compiled with Debian's nvcc 11.8) placed where an
+# engine's code lives; the manifest says sm_70, as a kit image for V100s would.
+FATBIN = Path(__file__).parent / "fixtures" / "fatbin"
+CUDA_MANIFEST = {"archs": [70], "recipe": "cmake", "prefix": "/app"}
+CUDA_GOOD = "USER root\nCOPY sm70.so /app/libggml-cuda.so\nUSER 10001"
+CUDA_DEFECTS = {  # name -> (Dockerfile lines, files from the fixtures, the reason's phrase[, manifest forgeries])
+    "sass-plus-ptx": ("USER root\nCOPY sm70_ptx70.so /app/libggml-cuda.so\nUSER 10001", ["sm70_ptx70.so"],
+                      "PTX beside the real code (/app/libggml-cuda.so: compute [70])"),
+    "wrong-arch-in-a-subfolder": (CUDA_GOOD + "\nUSER root\nCOPY sm80.so /app/lib/extra/libggml-extra.so\nUSER 10001",
+                                  ["sm70.so", "sm80.so"], "/app/lib/extra/libggml-extra.so: sm [80]"),
+    "wrong-arch-behind-a-symlink": ("USER root\nCOPY sm80.so /opt/elsewhere/libreal.so\n"
+                                    "RUN ln -s /opt/elsewhere/libreal.so /app/libggml-cuda.so\nUSER 10001",
+                                    ["sm80.so"], "/opt/elsewhere/libreal.so: sm [80]"),
+    "ptx-only": ("USER root\nCOPY ptx70.so /app/libggml-cuda.so\nUSER 10001", ["ptx70.so"],
+                 "/app/libggml-cuda.so: sm none (PTX only)"),
+    "forged-prefix-hides-nothing": (CUDA_GOOD + "\nUSER root\nCOPY sm80.so /app/libggml-rpc.so\nUSER 10001",
+                                    ["sm70.so", "sm80.so"], "/app/libggml-rpc.so: sm [80]", {"prefix": "/nowhere"}),
+}
+FIXTURE_FOR = {"sm70.so": "sm70.o", "sm80.so": "sm80.o", "ptx70.so": "ptx70.o", "sm70_ptx70.so": "sm70_ptx70.o"}
+
+
+def cuda_files(names: list[str]) -> dict[str, bytes]:
+    return {name: (FATBIN / FIXTURE_FOR[name]).read_bytes() for name in names}
+
+
+def test_cuda_control_image_passes(docker_ready, base_image):
+    tag = build(docker_ready, base_image, "cuda-good", CUDA_GOOD, CUDA_MANIFEST, cuda_files(["sm70.so"]))
+    (result,) = verify.verify(tag, ["cuda-arch"])
+    assert result.status == "ok" and "real code for sm [70] only, no PTX" in result.detail, result.detail
+
+
+@pytest.mark.parametrize("defect", sorted(CUDA_DEFECTS))
+def test_cuda_defect_fails_cuda_arch(defect, docker_ready, base_image):
+    extra, names, reason, *forged = CUDA_DEFECTS[defect]
+    tag = build(docker_ready, base_image, defect, extra, {**CUDA_MANIFEST, **(forged[0] if forged else {})},
+                cuda_files(names))
+    (result,) = verify.verify(tag, ["cuda-arch"])
+    assert result.status == "fail", (defect, result.detail)
+    assert reason in result.detail, (defect, result.detail)
+
+
+def test_static_executable_with_the_wrong_arch(docker_ready, base_image, tmp_path):
+    """A statically linked CUDA program (cudart static, sm_80) beside the engine: its device code counts too."""
+    from tests.conftest import require
+    from tests.test_fatbin import NVCC, TOOLKIT_PATH
+
+    require("NVCC", NVCC is not None, "no CUDA 11/12 nvcc (Debian's nvidia-cuda-toolkit)")
+    (tmp_path / "tool.cu").write_text("__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n"
+                                      "int main() { return 0; }\n")
+    subprocess.run([NVCC, "-gencode", "arch=compute_80,code=sm_80", "-cudart", "static", "tool.cu", "-o", "tool"],
+                   cwd=tmp_path, check=True, capture_output=True, env={"PATH": TOOLKIT_PATH})
+    files = {**cuda_files(["sm70.so"]), "tool": (tmp_path / "tool").read_bytes()}
+    tag = build(docker_ready, base_image, "static-executable",
+                CUDA_GOOD + "\nUSER root\nCOPY tool /app/llama-tool\nRUN chmod +x /app/llama-tool\nUSER 10001",
+                CUDA_MANIFEST, files)
+    (result,) = verify.verify(tag, ["cuda-arch"])
+    assert result.status == "fail" and "/app/llama-tool: sm [80]" in result.detail, result.detail
+
+
+def test_device_code_that_cannot_be_read_is_reported(docker_ready, base_image, tmp_path):
+    """An ELF whose .nv_fatbin section is garbage: reported by name, never skipped as 'no device code'."""
+    import shutil
+
+    from tests.conftest import require
+
+    objcopy = shutil.which("objcopy")
+    require("GCC", objcopy is not None, "no objcopy (binutils)")
+    (tmp_path / "garbage").write_bytes(b"\xde\xad\xbe\xef" * 64)
+    subprocess.run([objcopy, "--add-section", f".nv_fatbin={tmp_path / 'garbage'}", "/usr/bin/true",
+                    str(tmp_path / "lib.so")], check=True, capture_output=True)
+    files = {**cuda_files(["sm70.so"]), "bad.so": (tmp_path / "lib.so").read_bytes()}
+    tag = build(docker_ready, base_image, "unreadable-fatbin",
+                CUDA_GOOD + "\nUSER root\nCOPY bad.so /app/libggml-bad.so\nUSER 10001", CUDA_MANIFEST, files)
+    (result,) = verify.verify(tag, ["cuda-arch"])
+    assert result.status == "fail" and "/app/libggml-bad.so" in result.detail, result.detail
+    assert "cannot be read" in result.detail
