@@ -109,18 +109,76 @@ class _Skip(Exception):
     pass
 
 
-def loaded_nccl(ins: Inspection) -> str:
-    """The NCCL the runtime loader resolves, via ncclGetVersion (no GPU needed)."""
-    probe = ins.host.run("kit-nccl-version")
-    if probe.rc == 0:
-        return probe.stdout.strip()
-    script = ("import ctypes; v = ctypes.c_int(); ctypes.CDLL('libnccl.so.2').ncclGetVersion(ctypes.byref(v)); "
-              "c = v.value; M = c // 10000 if c >= 10000 else c // 1000; r = c % 10000 if c >= 10000 else c % 1000; "
-              "print(f'{M}.{r // 100}.{r % 100}')")
-    py = ins.host.run(f"python3 -c {shlex.quote(script)}")
-    if py.rc == 0:
-        return py.stdout.strip()
-    raise RuntimeError((probe.stderr or py.stderr).strip() or "libnccl.so.2 cannot be loaded")
+PROBE_SOURCE = "dockerfile/context/nccl-version.c"
+LOADERS = ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1")
+PY_PROBE = ("import ctypes, sys; v = ctypes.c_int(); ctypes.CDLL(sys.argv[1]).ncclGetVersion(ctypes.byref(v)); "
+            "c = v.value; M = c // 10000 if c >= 10000 else c // 1000; r = c % 10000 if c >= 10000 else c % 1000; "
+            "print(f'{M}.{r // 100}.{r % 100}')")
+
+
+def kit_probe() -> Path | None:
+    """kit's own NCCL probe (the source the images compile), built once on this host with its C compiler: the
+    check never runs a probe that lives in the image under test. None without a compiler."""
+    import hashlib
+    import shutil
+    import subprocess
+
+    from kit import paths
+
+    source = paths.templates_dir() / PROBE_SOURCE
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    binary = Path.home() / ".cache" / "kit" / f"nccl-probe-{digest}"
+    if binary.is_file():
+        return binary
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        return None
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    tmp = binary.with_suffix(".tmp")
+    if subprocess.run([cc, "-O2", "-o", str(tmp), str(source), "-ldl"], capture_output=True).returncode != 0:
+        return None
+    tmp.replace(binary)
+    return binary
+
+
+def nccl_resolved(ins: Inspection) -> dict[str, list[str]]:
+    """libnccl.so.2 as the dynamic loader resolves it for each engine ELF (its RUNPATH/RPATH, the image's
+    LD_LIBRARY_PATH, ld.so.conf): resolved path -> the engine files that load it."""
+    loader = next((l for l in LOADERS if ins.host.run(f"test -x {l}").rc == 0), None)
+    if loader is None:
+        raise RuntimeError("no dynamic loader found in the image")
+    found: dict[str, list[str]] = {}
+    for path in engine_files(ins):
+        listing = ins.host.run(f"{loader} --list {shlex.quote(path)}")
+        match = re.search(r"^\s*libnccl\.so\.2 => (\S+)", listing.stdout, flags=re.M)
+        if match:
+            real = ins.host.run(f"readlink -f {shlex.quote(match.group(1))}").stdout.strip() or match.group(1)
+            found.setdefault(real, []).append(path)
+    return found
+
+
+def probe_nccl(ins: Inspection, library: str) -> tuple[str, str]:
+    """(version, how) of one NCCL library file, by kit's probe copied into the container; the image's python3 with
+    kit's script where this host has no C compiler."""
+    probe = kit_probe()
+    if probe is not None:
+        if not getattr(ins, "_probe_in", False):
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w") as tar:
+                info = tarfile.TarInfo("kit-nccl-probe")
+                data = probe.read_bytes()
+                info.size, info.mode = len(data), 0o755
+                tar.addfile(info, io.BytesIO(data))
+            ins.container.put_archive("/tmp", buffer.getvalue())
+            ins._probe_in = True  # type: ignore[attr-defined]
+        result = ins.host.run(f"/tmp/kit-nccl-probe {shlex.quote(library)}")
+        how = "kit's probe"
+    else:
+        result = ins.host.run(f"python3 -c {shlex.quote(PY_PROBE)} {shlex.quote(library)}")
+        how = "kit's ctypes script"
+    if result.rc != 0:
+        raise RuntimeError((result.stderr or result.stdout).strip()[-200:] or f"{library} does not load")
+    return result.stdout.strip(), how
 
 
 @check("nccl-runtime")
@@ -128,13 +186,25 @@ def nccl_runtime(ins: Inspection) -> tuple[str, str]:
     pin = _need_manifest(ins).get("nccl_pin")
     if not pin:
         return "skip", "no NCCL in this flavor"
-    try:
-        seen = loaded_nccl(ins)
-    except RuntimeError as exc:
-        return "fail", f"libnccl.so.2 does not load: {exc} (manifest pins {pin})"
+    resolved = nccl_resolved(ins)
+    if not resolved:  # no engine ELF links NCCL (a Python engine loads it by name): what a dlopen finds
+        resolved = {"libnccl.so.2": ["dlopen by name"]}
+    versions: dict[str, str] = {}
+    how = ""
+    for library in resolved:
+        try:
+            versions[library], how = probe_nccl(ins, library)
+        except RuntimeError as exc:
+            return "fail", f"{library} does not load: {exc} (manifest pins {pin})"
+    if len(set(versions.values())) > 1:
+        detail = "; ".join(f"{lib} = {v} (for {', '.join(resolved[lib])})" for lib, v in sorted(versions.items()))
+        return "fail", f"two NCCLs for one engine: {detail}"
+    (seen,) = set(versions.values())
     if seen != pin:
-        return "fail", f"the runtime loader resolves NCCL {seen}, but the image was built for NCCL {pin}"
-    return "ok", f"loader resolves NCCL {seen} = pin {pin}"
+        lib = next(iter(versions))
+        return "fail", (f"the engine loads NCCL {seen} ({lib}, for {', '.join(resolved[lib])}), but the image was built "
+                        f"for NCCL {pin}")
+    return "ok", f"{', '.join(sorted(versions))}: NCCL {seen} = pin {pin} ({how})"
 
 
 @check("nccl-builder")
@@ -147,7 +217,8 @@ def nccl_builder(ins: Inspection) -> tuple[str, str]:
         return "fail", "the build did not record the builder's NCCL"
     if built != pin:
         return "fail", f"the builder compiled against NCCL {built}, but the pin is {pin}"
-    return "ok", f"builder saw NCCL {built} = pin {pin}"
+    # a record: the builder stage probed its NCCL and wrote it down; nothing here can re-run that stage
+    return "ok", f"record: the builder stage compiled against NCCL {built} = pin {pin} (its probe, at build time)"
 
 
 @check("entrypoint")

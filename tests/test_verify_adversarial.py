@@ -176,3 +176,73 @@ def test_device_code_that_cannot_be_read_is_reported(docker_ready, base_image, t
     (result,) = verify.verify(tag, ["cuda-arch"])
     assert result.status == "fail" and "/app/libggml-bad.so" in result.detail, result.detail
     assert "cannot be read" in result.detail
+
+
+# ---- nccl-runtime: stub libnccl.so.2 files (gcc, ncclGetVersion returns a chosen NCCL_VERSION_CODE) and a fake engine
+# library that links it; the check must ask the loader what each engine file resolves, and probe that file with
+# kit's own probe (an image's kit-nccl-version may lie).
+NCCL_MANIFEST = {"nccl_pin": "2.27.3", "recipe": "cmake", "prefix": "/app"}
+NCCL_GOOD = ("USER root\nCOPY nccl-a/ /opt/kit/nccl/\nCOPY nccl-b/ /opt/other/\nCOPY libggml-cuda.so /app/\n"
+             "RUN echo /opt/kit/nccl > /etc/ld.so.conf.d/000-kit-nccl.conf && ldconfig\nUSER 10001")
+NCCL_DEFECTS = {  # name -> (Dockerfile lines after NCCL_GOOD, engine libraries: name -> RUNPATH, reason)
+    "nccl-by-runpath": ("", {"libggml-cuda.so": "/opt/other"},
+                        "the engine loads NCCL 2.32.3 (/opt/other/libnccl.so.2, for /app/libggml-cuda.so)"),
+    "nccl-by-ld-library-path": ("ENV LD_LIBRARY_PATH=/opt/other", {"libggml-cuda.so": ""},
+                                "the engine loads NCCL 2.32.3 (/opt/other/libnccl.so.2"),
+    "nccl-by-ld-so-conf": ("USER root\nRUN echo /opt/other > /etc/ld.so.conf.d/000-aaa.conf && ldconfig\nUSER 10001",
+                           {"libggml-cuda.so": ""}, "the engine loads NCCL 2.32.3 (/opt/other/libnccl.so.2"),
+    "two-nccls": ("USER root\nCOPY libggml-rpc.so /app/\nUSER 10001",
+                  {"libggml-cuda.so": "", "libggml-rpc.so": "/opt/other"}, "two NCCLs for one engine"),
+    # the image's own probe says what the manifest wants; the loader says otherwise
+    "forged-probe": ("USER root\nRUN printf '#!/bin/sh\\necho 2.27.3\\n' > /usr/local/bin/kit-nccl-version "
+                     "&& chmod +x /usr/local/bin/kit-nccl-version\nUSER 10001",
+                     {"libggml-cuda.so": "/opt/other"}, "the engine loads NCCL 2.32.3"),
+}
+
+
+@pytest.fixture(scope="module")
+def nccl_parts(tmp_path_factory):
+    """Stub NCCLs 2.27.3 (a) and 2.32.3 (b), and a builder for engine libraries that link libnccl.so.2."""
+    import shutil
+
+    from tests.conftest import require
+
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    require("GCC", gcc is not None, "no C compiler (apt-get install gcc)")
+    root = tmp_path_factory.mktemp("nccl")
+    for name, code in (("nccl-a", 22703), ("nccl-b", 23203)):
+        (root / name).mkdir()
+        (root / f"{name}.c").write_text(f"int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}\n")
+        subprocess.run([gcc, "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", "-o", str(root / name / "libnccl.so.2"),
+                        str(root / f"{name}.c")], check=True)
+    (root / "engine.c").write_text("int ncclGetVersion(int *);\nint ggml_nccl(void) { int v; return ncclGetVersion(&v); }\n")
+
+    def engine_lib(runpath: str) -> bytes:
+        out = root / f"engine-{abs(hash(runpath))}.so"
+        flags = [f"-Wl,-rpath,{runpath}", "-Wl,--disable-new-dtags"] if runpath else []
+        subprocess.run([gcc, "-shared", "-fPIC", "-o", str(out), str(root / "engine.c"), f"-L{root / 'nccl-a'}",
+                        "-l:libnccl.so.2", *flags], check=True)
+        return out.read_bytes()
+
+    files = {f"{n}/libnccl.so.2": (root / n / "libnccl.so.2").read_bytes() for n in ("nccl-a", "nccl-b")}
+    return files, engine_lib
+
+
+def test_nccl_control_image_passes(docker_ready, base_image, nccl_parts):
+    files, engine_lib = nccl_parts
+    tag = build(docker_ready, base_image, "nccl-good", NCCL_GOOD, NCCL_MANIFEST,
+                {**files, "libggml-cuda.so": engine_lib("")})
+    (result,) = verify.verify(tag, ["nccl-runtime"])
+    assert result.status == "ok", result.detail
+    assert result.detail == "/opt/kit/nccl/libnccl.so.2: NCCL 2.27.3 = pin 2.27.3 (kit's probe)"
+
+
+@pytest.mark.parametrize("defect", sorted(NCCL_DEFECTS))
+def test_nccl_defect_fails_nccl_runtime(defect, docker_ready, base_image, nccl_parts):
+    files, engine_lib = nccl_parts
+    extra, libs, reason = NCCL_DEFECTS[defect]
+    context = {**files, **{name: engine_lib(runpath) for name, runpath in libs.items()}}
+    tag = build(docker_ready, base_image, defect, NCCL_GOOD + "\n" + extra, NCCL_MANIFEST, context)
+    (result,) = verify.verify(tag, ["nccl-runtime"])
+    assert result.status == "fail", (defect, result.detail)
+    assert reason in result.detail, (defect, result.detail)
