@@ -10,7 +10,12 @@ The stand-in follows 1Panel's own Go source (1Panel-dev/1Panel), not the client'
 - `CheckAppInstalled` -> `response.AppInstalledCheck` (`isExist`, `name`, `app`, `version`, `status`, `appInstallId`,
   `containerName`, `installPath`, `httpPort`, `httpsPort`): no `message`;
 - `SearchAppInstalled` -> page of `AppInstallDTO` (`model.AppInstall`: `name`, `status`, `message`, ...);
-- the envelope (errors as HTTP 200 with another `code`) and the token check md5("1panel" + key + timestamp).
+- the envelope (errors as HTTP 200 with another `code`) and the token check md5("1panel" + key + timestamp);
+- v1 (backend/app/api/v1/app.go, `SyncApp`): `POST /apps/sync` runs `go appService.SyncAppListFromLocal()` and then
+  `GetAppUpdate()`, which answers `CodeErrInternalServer` (500) when the remote store is unreachable - after the
+  local sync has started (`version="v1"`, `store_reachable=False`);
+- `AppInstalledCheck.httpPort`: the published port, where the engine's /health says when the model is loaded
+  (Running only means the container is up).
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ def envelope(data=None, code=200, message=""):
 
 
 class FakePanel:
-    def __init__(self, fail_with: str | None = None, has_upload: bool = True):
+    def __init__(self, fail_with: str | None = None, has_upload: bool = True, version: str = "v2",
+                 store_reachable: bool = True, http_port: int = 0):
         self.apps: dict[str, dict] = {}
         self.uploaded: list[str] = []
         self.installs: dict[str, dict] = {}
@@ -49,6 +55,7 @@ class FakePanel:
         self.fail_with = fail_with
         self.has_upload = has_upload
         self.pending: dict | None = None
+        self.version, self.store_reachable, self.http_port = version, store_reachable, http_port
 
     def authorized(self, request: Request) -> bool:
         ts = request.headers.get("1Panel-Timestamp", "")
@@ -68,7 +75,7 @@ class FakePanel:
                 "shortDescZh": props.get("shortDescZh", ""), "shortDescEn": props.get("shortDescEn", "")}
 
     def __call__(self, request: Request) -> Response:
-        path = request.path.removeprefix("/api/v2")
+        path = request.path.removeprefix(f"/api/{self.version}")
         self.routes.append(path)
         if path == "/apps/local/upload" and not self.has_upload:
             return Response("404 page not found", status=404, content_type="text/plain")
@@ -80,9 +87,12 @@ class FakePanel:
             self.uploaded.append(app["key"])
             self.apps[app["key"]] = app  # the upload syncs the local apps itself
             return envelope(None)
-        if path == "/apps/sync/local":
-            if self.pending:
+        if path == "/apps/sync/local" and self.version == "v2" or path == "/apps/sync" and self.version == "v1":
+            if self.pending:  # go appService.SyncAppListFromLocal()
                 self.apps[self.pending["key"]] = self.pending
+            if self.version == "v1" and not self.store_reachable:  # GetAppUpdate() -> CodeErrInternalServer
+                return envelope(code=500, message="Get \"https://apps-assets.fit2cloud.com/stable/1panel.json\": "
+                                                  "dial tcp: lookup apps-assets.fit2cloud.com: no such host")
             return envelope()
         if path == "/apps/search":
             # WithByLikeName: display name and short descriptions, never the key
@@ -109,7 +119,8 @@ class FakePanel:
             # response.AppInstalledCheck: no message field
             return envelope({"isExist": True, "name": body["name"], "app": body["key"], "version": "x",
                              "status": state["status"], "appInstallId": 1, "containerName": "c",
-                             "installPath": "/opt/1panel/apps/local/x", "httpPort": 8080, "httpsPort": 0})
+                             "installPath": "/opt/1panel/apps/local/x", "httpPort": self.http_port,
+                             "httpsPort": 0})
         if path == "/apps/installed/search":
             items = [{"name": n, "status": s["status"], "message": s["message"]} for n, s in self.installs.items()
                      if body.get("name", "") in n]
@@ -221,3 +232,58 @@ def test_copy_to_local_dir(panel, tmp_path):
     api.install(client, STORE / "vllm-v100", "vllm", {}, local_dir=tmp_path, poll_s=0.01, echo=lambda _l: None)
     assert (tmp_path / "vllm-v100" / "data.yml").is_file()
     assert fake.uploaded == []
+
+
+def _pending_vllm(fake: FakePanel) -> None:
+    """A panel that finds the copied app in its local folder when it syncs."""
+    version = next(d.name for d in (STORE / "vllm-v100").iterdir() if d.is_dir())
+    fake.pending = {"key": "localvllm-v100", "id": 9, "name": "vLLM (V100)", "versions": [version],
+                    "form": {version: yaml.safe_load((STORE / "vllm-v100" / version / "data.yml").read_text())}}
+
+
+def test_v1_sync_answering_500_has_still_started_the_local_sync(httpserver, tmp_path):
+    import re
+
+    fake = FakePanel(version="v1", store_reachable=False, has_upload=False)
+    _pending_vllm(fake)
+    httpserver.expect_request(re.compile(r"^/api/v1/.*")).respond_with_handler(fake)
+    client = api.PanelClient(httpserver.url_for("/").rstrip("/"), KEY, version="v1")
+    lines: list[str] = []
+    result = api.install(client, STORE / "vllm-v100", "vllm", {}, local_dir=tmp_path, poll_s=0.01, echo=lines.append)
+    assert result["status"] == "Running" and "/apps/sync" in fake.routes
+    assert any(l.startswith("local sync started (the panel's app store is unreachable: Get ") for l in lines), lines
+    # any other error of the sync is still an error
+    fake.store_reachable, fake.version = True, "v1"
+    with pytest.raises(CheckFailed, match="1Panel code 401"):
+        api.PanelClient(httpserver.url_for("/").rstrip("/"), "wrong", version="v1").sync_local()
+
+
+def test_running_waits_for_the_model_through_the_published_port(httpserver, tmp_path):
+    """The panel says Running when the container is up; kit waits for the engine's /health (503 while loading)."""
+    import re
+
+    from werkzeug.wrappers import Response as R
+
+    health = {"calls": 0}
+
+    def engine_health(_request):
+        health["calls"] += 1
+        return R("loading", status=503) if health["calls"] < 3 else R('{"status":"ok"}', status=200)
+
+    fake = FakePanel(http_port=httpserver.port)
+    httpserver.expect_request("/health").respond_with_handler(engine_health)
+    httpserver.expect_request(re.compile(r"^/api/v2/.*")).respond_with_handler(fake)
+    client = api.PanelClient(httpserver.url_for("/").rstrip("/"), KEY)
+    lines: list[str] = []
+    result = api.install(client, STORE / "llama-cpp-v100", "llama-v100", {}, poll_s=0.01, echo=lines.append)
+    assert result["ready"] == f"http://localhost:{httpserver.port}/health" and health["calls"] == 3
+    assert any("the model loads after the container starts" in l for l in lines)
+
+
+def test_running_on_a_remote_panel_without_open_port_says_how_to_check():
+    client = api.PanelClient("http://10.0.0.5:10086", KEY)
+    lines: list[str] = []
+    state = api.wait_ready(client, {"status": "Running", "httpPort": 8080}, False, time.monotonic() + 1, 0.01,
+                           lines.append)
+    assert "ready" not in state and lines == ["Running; the model may still be loading: on the panel host, "
+                                              "curl http://127.0.0.1:8080/health"]

@@ -41,6 +41,14 @@ def token(api_key: str, timestamp: str) -> str:
     return hashlib.md5(f"1panel{api_key}{timestamp}".encode()).hexdigest()
 
 
+class PanelError(CheckFailed):
+    """A 1Panel error envelope (HTTP 200 with another ``code``), with the panel's code and message kept apart."""
+
+    def __init__(self, text: str, code: Any, message: str) -> None:
+        super().__init__(text)
+        self.code, self.message = code, message
+
+
 class PanelClient:
     def __init__(self, url: str, api_key: str, version: str = "v2", timeout_s: float = 30) -> None:
         if not url.startswith(("http://", "https://")):
@@ -75,7 +83,7 @@ class PanelClient:
         if code != 200:
             message = body.get("message") or body.get("msg") or ""
             hint = " (check the API key, the IP whitelist and that the API is enabled)" if code in (401, 403) else ""
-            raise CheckFailed(f"{method} {path}: 1Panel code {code}: {message}{hint}")
+            raise PanelError(f"{method} {path}: 1Panel code {code}: {message}{hint}", code, message)
         return body.get("data")
 
     # --- the routes the install flow uses
@@ -102,10 +110,21 @@ class PanelClient:
         except CheckFailed:
             return None
 
-    def sync_local(self) -> Any:
+    def sync_local(self) -> str:
+        """Start the panel's scan of its local-apps folder; what it said."""
         if self.version == "v1":
-            return self.call("POST", "/apps/sync", json={})
-        return self.call("POST", "/apps/sync/local", json={"taskID": str(uuid.uuid4())})
+            # v1 (backend/app/api/v1/app.go, SyncApp): `go appService.SyncAppListFromLocal()` first, then
+            # GetAppUpdate() asks the remote store and answers CodeErrInternalServer (500) when it is unreachable -
+            # an offline panel's usual answer, with the local sync already running
+            try:
+                self.call("POST", "/apps/sync", json={})
+            except PanelError as exc:
+                if exc.code != 500:
+                    raise
+                return f"local sync started (the panel's app store is unreachable: {exc.message or 'code 500'})"
+            return "local sync started"
+        self.call("POST", "/apps/sync/local", json={"taskID": str(uuid.uuid4())})
+        return "local sync started"
 
     def app(self, key: str) -> dict[str, Any]:
         return self.call("GET", f"/apps/{key}")
@@ -130,6 +149,34 @@ class PanelClient:
         return next((str(i.get("message") or "") for i in items if i.get("name") == name), "")
 
 
+def wait_ready(client: PanelClient, state: dict[str, Any], allow_port: bool, deadline: float, poll_s: float,
+               echo: Callable[[str], None]) -> dict[str, Any]:
+    """1Panel's Running means the container is up, not that the model is loaded: poll the engine's /health through
+    the published port until it answers 200. Reachable from here when the port is open (--allow-port) or kit runs
+    on the panel host; otherwise say how to check."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(client.base).hostname or ""
+    port = state.get("httpPort")
+    local = host in ("127.0.0.1", "localhost", "::1")
+    if not port or not (allow_port or local):
+        echo(f"Running; the model may still be loading: on the panel host, curl http://127.0.0.1:{port or 'PORT'}/health")
+        return state
+    url = f"http://{host}:{port}/health"
+    echo(f"Running; waiting for {url} (the model loads after the container starts)")
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            reply = requests.get(url, timeout=5)
+            if reply.status_code == 200:
+                return {**state, "ready": url}
+            last = f"HTTP {reply.status_code}"
+        except requests.RequestException as exc:
+            last = exc.__class__.__name__
+        time.sleep(poll_s)
+    raise CheckFailed(f"{url} not ready before the timeout (last: {last}); see the app's log in the panel")
+
+
 def _local_version(app_dir: Path) -> str:
     versions = sorted(d.name for d in app_dir.iterdir() if d.is_dir() and (d / "docker-compose.yml").is_file())
     if not versions:
@@ -149,8 +196,7 @@ def install(client: PanelClient, app_dir: Path, name: str, params: dict[str, str
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(app_dir, target)
         echo(f"copied {app_dir.name} into {local_dir}")
-        client.sync_local()
-        echo("synced local apps")
+        echo(client.sync_local())
     else:
         client.upload(app_dir)
         echo(f"uploaded {app_dir.name} (the upload syncs the local apps)")
@@ -189,7 +235,7 @@ def install(client: PanelClient, app_dir: Path, name: str, params: dict[str, str
         state = client.installed(panel_key, name)
         status = state.get("status", "")
         if status == RUNNING:
-            return state
+            return wait_ready(client, state, allow_port, deadline, poll_s, echo)
         if status in FAILED:
             reason = client.install_message(name) or "1Panel gave no reason; see the app's log in the panel"
             raise CheckFailed(f"1Panel install of {name} ended in {status}: {reason}")
