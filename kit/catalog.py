@@ -105,6 +105,7 @@ class Engine(_Record):
     supports: Supports = Field(default_factory=Supports)
     settings: dict[str, Any] = Field(default_factory=dict)
     model_dependent: dict[str, ModelDependent] = Field(default_factory=dict)
+    plan: dict[str, Any] = Field(default_factory=dict)  # kit plan's fitted constants for this engine, with sources
     serve: Serve
 
     @property

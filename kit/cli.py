@@ -272,12 +272,14 @@ def logs(
 @app.command()
 def down(
     output: Path = OutOpt,
+    config_path: Optional[Path] = ConfigOpt,
     volumes: bool = typer.Option(False, "--volumes", help="Also delete named volumes (never the model folder)."),
 ) -> None:
     """Stop and remove the stack's containers. The model folder is never touched."""
     from kit import deploy as deployer
 
-    deployer.down(output, volumes)
+    config = _config(config_path) if config_path is not None or DEFAULT_CONFIG.is_file() else None
+    deployer.down(output, volumes, config)
     out.print("stack down" + (" (volumes removed)" if volumes else "; volumes and models kept"))
 
 

@@ -220,6 +220,14 @@ def crash_loops(config: StackConfig) -> list[logscan.Finding]:
     return found
 
 
-def down(out: Path, volumes: bool = False) -> None:
+def down(out: Path, volumes: bool = False, config: StackConfig | None = None) -> None:
+    """Take the stack down from its rendered folder; with only the config (the folder is gone), by its compose
+    project name, which compose finds by its own labels on the containers."""
     args = ["down", "--remove-orphans"] + (["--volumes"] if volumes else [])
-    _compose(out, *args)
+    if (out / "compose.yaml").is_file() or config is None:
+        _compose(out, *args)
+        return
+    cmd = [*dockerhost.compose_cmd(), "-p", config.stack.name, *args]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise CheckFailed(f"`docker compose -p {config.stack.name} down` failed:\n{result.stderr.strip()[-1500:]}")

@@ -125,11 +125,13 @@ def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bo
       llama-server asks for one output per slot and draft token (server_output_limits), not one per prompt token
     Exact (to 0.01 MiB) at 9 settings on an H200 (benchmarks/results/gpu-compute-h200.json: ubatch 256-1024, 1-4
     slots of 4096-32768 tokens, flash attention on and off); the plan was 3x too high before (417 vs 172 MiB)."""
-    mask = ctx * ubatch * 2
-    ffn = ubatch * 4 * (3 * model.n_ff + 3 * model.n_embd)
-    attention = ubatch * 4 * (4 * model.n_embd + 2 * model.n_head_kv * model.head_dim)
+    fit = catalog.get("llama.cpp").plan["compute"]
+    width = {"n_ff": model.n_ff, "n_embd": model.n_embd, "kv_width": model.n_head_kv * model.head_dim}
+    mask = ctx * ubatch * fit["mask_bytes"]
+    ffn = ubatch * 4 * sum(rows * width[name] for name, rows in fit["ffn_rows"].items())
+    attention = ubatch * 4 * sum(rows * width[name] for name, rows in fit["attention_rows"].items())
     if not flash:
-        attention += model.n_head * ctx * ubatch * 4 + mask
+        attention += model.n_head * ctx * ubatch * fit["scores_bytes"] + mask
     logits = model.n_vocab * outputs * 4 if last else 0
     return int(max(ffn, attention, logits) + mask)
 

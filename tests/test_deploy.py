@@ -98,6 +98,13 @@ def test_deploy_heals_and_redeploys(stack, tmp_path, tiny_gguf):
     assert tiny_gguf.is_file(), "down must never touch the model folder"
     back = kit("deploy", "-c", str(path), "-o", "out", cwd=tmp_path)
     assert back.returncode == 0, back.stderr
+    # the rendered folder is gone: -c names the stack, compose finds it by its project label
+    import shutil
+
+    shutil.rmtree(tmp_path / "out")
+    gone = kit("down", "-c", str(path), cwd=tmp_path)
+    assert gone.returncode == 0, gone.stderr
+    assert not deploy.containers(config) and tiny_gguf.is_file()
 
 
 def test_front_door_answers_when_primary_is_down(stack, tmp_path):
