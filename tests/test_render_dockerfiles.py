@@ -193,3 +193,16 @@ def test_build_progress_has_a_heartbeat_during_a_long_step():
     assert lines == ["[     0s] Step 21/34 : RUN cmake --build build -j 2",
                      "[    31s]   ... Step 21/34: [ 30%] c.o",
                      "[    62s]   ... Step 21/34: [ 50%] e.o"]
+
+
+def test_vllm_compile_is_bounded_and_runtime_check_compares_with_the_builder():
+    """Guards that only the golden files held before (#12): a golden update would have blessed their loss."""
+    text = render_case("vllm-dual-v100")["images/vllm/Dockerfile"]
+    builder = stages(text)["builder"]
+    # jobs bounded by memory (ARG BUILD_JOBS), never $(nproc); one nvcc thread per job (seed: -j$(nproc) OOMs)
+    assert "MAX_JOBS=${BUILD_JOBS}" in builder and "nproc" not in text
+    assert "NVCC_THREADS=1" in builder
+    # the runtime stage's NCCL check is given what the builder compiled against, not only the pin
+    for case, rel in (("vllm-dual-v100", "images/vllm/Dockerfile"), ("dual-v100-nvlink", "images/llama.cpp/Dockerfile")):
+        runtime = stages(render_case(case)[rel])["runtime-base"]
+        assert "sh /opt/kit/nccl-check.sh runtime 2.27.3 /opt/kit/nccl-builder.txt" in runtime, case
