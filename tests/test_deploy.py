@@ -154,6 +154,8 @@ def test_a_line_is_named_once_by_its_most_specific_signature():
     text = ("0.00.101.740 E ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n"
             'error while handling argument "--device": invalid device: CUDA0\n'
             'error while handling argument "--ctx-size": bad value\n')
+    advice = {f.name: f.advice for f in logscan.scan(text)}
+    assert "run `kit doctor` on the host" in advice["gpu-not-visible"]  # each finding carries its fix
     findings = {f.name: f.line for f in logscan.scan(text)}
     assert findings == {"gpu-not-visible": "0.00.101.740 E ggml_cuda_init: failed to initialize CUDA: no "
                                            "CUDA-capable device is detected",
