@@ -45,7 +45,8 @@ def envelope(data=None, code=200, message=""):
 
 class FakePanel:
     def __init__(self, fail_with: str | None = None, has_upload: bool = True, version: str = "v2",
-                 store_reachable: bool = True, http_port: int = 0):
+                 store_reachable: bool = True, http_port: int = 0, signatures: tuple[str, ...] = ("md5",),
+                 api_enabled: bool = True, whitelist: tuple[str, ...] = ("0.0.0.0/0",), validity_min: int = 120):
         self.apps: dict[str, dict] = {}
         self.uploaded: list[str] = []
         self.installs: dict[str, dict] = {}
@@ -56,13 +57,35 @@ class FakePanel:
         self.has_upload = has_upload
         self.pending: dict | None = None
         self.version, self.store_reachable, self.http_port = version, store_reachable, http_port
+        self.signatures, self.api_enabled, self.whitelist = signatures, api_enabled, whitelist
+        self.validity_min = validity_min
+        self.auth_seen: list[str] = []
 
-    def authorized(self, request: Request) -> bool:
+    def auth_error(self, request: Request) -> str | None:
+        """core/app/auth/api_auth.go APIAuthMiddleware, in its order; each failure is helper.BadAuth (code 401)
+        with the i18n text of its key. `signatures`: md5 (isValid1PanelToken), hmac-sha256 (2.3.2+
+        isValidHMACSHA256Token with `1Panel-Signature-Version`), or both."""
+        import hmac
+
         ts = request.headers.get("1Panel-Timestamp", "")
         tok = request.headers.get("1Panel-Token", "")
-        if not ts.isdigit() or abs(time.time() - int(ts)) > 120:
-            return False
-        return tok == hashlib.md5(f"1panel{KEY}{ts}".encode()).hexdigest()
+        if not self.api_enabled:
+            return "ErrApiConfigStatusInvalid: API interface is disabled"
+        now = int(time.time())  # isValid1PanelTimestamp: < 0 never, 0 always, else 60 s ahead / validity + 60 s behind
+        if self.validity_min < 0 or self.validity_min > 0 and (
+                not ts.isdigit() or int(ts) > now + 60 or now - int(ts) > self.validity_min * 60 + 60):
+            return "ErrApiConfigKeyTimeInvalid: API timestamp is out of the validity window"
+        version = request.headers.get("1Panel-Signature-Version", "")
+        self.auth_seen.append(version or "md5")
+        ok_md5 = "md5" in self.signatures and version in ("", "v1", "md5") and \
+            tok == hashlib.md5(f"1panel{KEY}{ts}".encode()).hexdigest()
+        ok_hmac = "hmac-sha256" in self.signatures and version == "hmac-sha256" and \
+            tok == hmac.new(KEY.encode(), f"1panel:{ts}".encode(), hashlib.sha256).hexdigest()
+        if not (ok_md5 or ok_hmac):
+            return "ErrApiConfigKeyInvalid: API key is invalid"
+        if not self.whitelist:  # isIPInWhiteList: an empty list rejects everyone
+            return "ErrApiConfigIPInvalid: IP is not in the API whitelist"
+        return None
 
     def read_app(self, blob: bytes) -> dict:
         with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
@@ -79,8 +102,9 @@ class FakePanel:
         self.routes.append(path)
         if path == "/apps/local/upload" and not self.has_upload:
             return Response("404 page not found", status=404, content_type="text/plain")
-        if not self.authorized(request):
-            return envelope(code=401, message="API 接口密钥错误")
+        error = self.auth_error(request)
+        if error:
+            return envelope(code=401, message=error)
         body = request.get_json(silent=True) or {}
         if path == "/apps/local/upload":
             app = self.read_app(request.files["file"].read())
@@ -287,3 +311,41 @@ def test_running_on_a_remote_panel_without_open_port_says_how_to_check():
                            lines.append)
     assert "ready" not in state and lines == ["Running; the model may still be loading: on the panel host, "
                                               "curl http://127.0.0.1:8080/health"]
+
+
+@pytest.mark.parametrize("signatures,expected", [
+    (("md5",), ["md5"]),                                   # every version
+    (("md5", "hmac-sha256"), ["md5"]),                     # 2.3.2+: either; kit keeps MD5
+    (("hmac-sha256",), ["md5", "hmac-sha256"]),            # a revision that takes only HMAC: one 401, then HMAC
+])
+def test_auth_variants(httpserver, signatures, expected):
+    import re
+
+    fake = FakePanel(signatures=signatures)
+    httpserver.expect_request(re.compile(r"^/api/v2/.*")).respond_with_handler(fake)
+    client = api.PanelClient(httpserver.url_for("/").rstrip("/"), KEY)
+    lines: list[str] = []
+    result = api.install(client, STORE / "llama-cpp-v100", "llama-v100", {}, poll_s=0.01, echo=lines.append)
+    assert result["status"] == "Running"
+    # the first request signs with MD5; every later one with what the panel took
+    assert fake.auth_seen[0] == expected[0] and set(fake.auth_seen[1:]) == {expected[-1]}
+    said = "the panel took HMAC-SHA256 (1Panel-Signature-Version), not MD5"
+    assert (said in lines) == (signatures == ("hmac-sha256",))
+
+
+@pytest.mark.parametrize("panel_args,phrase", [
+    ({"api_enabled": False}, "API interface is disabled"),
+    ({"whitelist": ()}, "IP is not in the API whitelist"),
+    ({"validity_min": -1}, "out of the validity window"),
+])
+def test_auth_refusals_say_the_panels_reason_and_the_checks(httpserver, panel_args, phrase):
+    import re
+
+    fake = FakePanel(**panel_args)
+    httpserver.expect_request(re.compile(r"^/api/v2/.*")).respond_with_handler(fake)
+    client = api.PanelClient(httpserver.url_for("/").rstrip("/"), KEY)
+    with pytest.raises(CheckFailed) as failure:
+        client.find_app("localx") or client.app("localx")
+    text = str(failure.value)
+    assert "1Panel code 401" in text and phrase in text
+    assert "an empty whitelist rejects everyone" in text and client.auth_note == "neither MD5 nor HMAC-SHA256 was accepted"

@@ -41,6 +41,20 @@ def token(api_key: str, timestamp: str) -> str:
     return hashlib.md5(f"1panel{api_key}{timestamp}".encode()).hexdigest()
 
 
+def hmac_token(api_key: str, timestamp: str) -> str:
+    """1Panel 2.3.2+: HMAC-SHA256(API key, "1panel:" + timestamp), sent with ``1Panel-Signature-Version``."""
+    import hmac
+
+    return hmac.new(api_key.encode(), f"1panel:{timestamp}".encode(), hashlib.sha256).hexdigest()
+
+
+# The panel's API checks, in its order (core/app/auth/api_auth.go, APIAuthMiddleware), each a 401 with its own message
+AUTH_CHECKS = ("the API interface is enabled (Panel settings > API interface)",
+               "the timestamp is within the key's validity (this machine's clock; at most 60 s ahead)",
+               "the API key",
+               "this machine's IP is in the API IP whitelist (an empty whitelist rejects everyone)")
+
+
 class PanelError(CheckFailed):
     """A 1Panel error envelope (HTTP 200 with another ``code``), with the panel's code and message kept apart."""
 
@@ -58,10 +72,15 @@ class PanelClient:
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.session = requests.Session()
+        self.signature = "md5"  # every panel version takes it; an HMAC-only revision gets HMAC after its 401
+        self.auth_note = ""
 
     def headers(self) -> dict[str, str]:
         ts = str(int(time.time()))
-        return {"1Panel-Token": token(self.api_key, ts), "1Panel-Timestamp": ts}
+        if self.signature == "hmac-sha256":
+            return {"1Panel-Token": hmac_token(self.api_key, ts), "1Panel-Timestamp": ts,
+                    "1Panel-Signature-Version": "hmac-sha256", "Accept-Language": "en"}
+        return {"1Panel-Token": token(self.api_key, ts), "1Panel-Timestamp": ts, "Accept-Language": "en"}
 
     def send(self, method: str, path: str, **kwargs: Any) -> tuple[requests.Response, dict[str, Any] | None]:
         """One request with the token headers: the reply, and its JSON envelope (None when it is not JSON)."""
@@ -71,9 +90,18 @@ class PanelClient:
         except requests.RequestException as exc:
             raise CheckFailed(f"1Panel at {self.base} is unreachable: {exc.__class__.__name__}") from None
         try:
-            return reply, reply.json()
+            body = reply.json()
         except ValueError:
             return reply, None
+        if isinstance(body, dict) and body.get("code") == 401 and self.signature == "md5" and not self.auth_note:
+            self.signature = "hmac-sha256"  # a revision that takes only HMAC-SHA256 answers MD5 with a 401
+            retried, retried_body = self.send(method, path, **kwargs)
+            if isinstance(retried_body, dict) and retried_body.get("code") != 401:
+                self.auth_note = "the panel took HMAC-SHA256 (1Panel-Signature-Version), not MD5"
+                return retried, retried_body
+            self.signature = "md5"
+            self.auth_note = "neither MD5 nor HMAC-SHA256 was accepted"
+        return reply, body
 
     def call(self, method: str, path: str, json: Any = None, files: Any = None, data: Any = None) -> Any:
         reply, body = self.send(method, path, json=json, files=files, data=data)
@@ -82,7 +110,7 @@ class PanelClient:
         code = body.get("code")
         if code != 200:
             message = body.get("message") or body.get("msg") or ""
-            hint = " (check the API key, the IP whitelist and that the API is enabled)" if code in (401, 403) else ""
+            hint = f" (1Panel checks, in order: {'; '.join(AUTH_CHECKS)})" if code in (401, 403) else ""
             raise PanelError(f"{method} {path}: 1Panel code {code}: {message}{hint}", code, message)
         return body.get("data")
 
@@ -200,6 +228,8 @@ def install(client: PanelClient, app_dir: Path, name: str, params: dict[str, str
     else:
         client.upload(app_dir)
         echo(f"uploaded {app_dir.name} (the upload syncs the local apps)")
+    if client.auth_note:
+        echo(client.auth_note)
     panel_key = f"local{key}"
     deadline = time.monotonic() + 60
     app = client.find_app(panel_key)
