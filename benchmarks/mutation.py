@@ -1,6 +1,7 @@
 """Mutation score of a kit module against the tests that guard it (mutmut), printed and kept in benchmarks/results.
 
-    python benchmarks/mutation.py kit/plan.py tests/test_plan.py [--max-children 2]
+    python3 -m pip install mutmut
+    python benchmarks/mutation.py kit/plan.py -- tests/test_plan.py [-k EXPR] [--max-children 2]
 
 mutmut changes one thing at a time in the module (an operator, a constant, a comparison, a returned value) and runs
 the tests that cover it; a mutant the tests do not notice "survived". The run happens in a temporary copy of the
