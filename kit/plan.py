@@ -31,11 +31,10 @@ def gpu_table() -> dict[str, Any]:
     return yaml.safe_load((paths.images_dir() / "gpus.yaml").read_text(encoding="utf-8"))
 
 
-def kv_bytes(cache_type: str) -> float:
+def kv_bytes(cache_type: str, field: str = "engines.llama.cpp.cache_type_k") -> float:
     table = gpu_table()["kv_bytes"]
     if cache_type not in table:
-        raise KitError("engines.llama.cpp.cache_type_k", f"unknown KV cache type {cache_type!r}",
-                       f"use one of {sorted(table)}")
+        raise KitError(field, f"unknown KV cache type {cache_type!r}", f"use one of {sorted(table)}")
     return float(table[cache_type])
 
 
@@ -108,7 +107,7 @@ def assign_layers(n_layer: int, split: list[float]) -> list[int]:
 def layer_kv_bytes(model: ModelInfo, layer: int, ctx: int, k_type: str, v_type: str, slots: int = 1) -> float:
     """One layer's KV cache for ``slots`` sequences of ``ctx`` tokens each (a sliding-window layer keeps its window)."""
     tokens = min(ctx, model.sliding_window) if layer in model.swa_layers and model.sliding_window else ctx
-    per_token = model.n_head_kv * model.head_dim * (kv_bytes(k_type) + kv_bytes(v_type))
+    per_token = model.n_head_kv * model.head_dim * (kv_bytes(k_type) + kv_bytes(v_type, "engines.llama.cpp.cache_type_v"))
     return slots * tokens * per_token
 
 

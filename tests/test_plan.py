@@ -361,3 +361,44 @@ def test_recommend_batch_shrinks_when_512_does_not_fit(model27):
     short = make_config({**single, "hardware": {"memory_gib": (used_512 - 43 * 2**20) / GIB}})
     assert plan.recommend_batch(short, m, 16384) == (256, 256)
     assert plan.recommend_batch(make_config(single), m, 16384) == (512, 512)
+
+
+def test_three_uneven_gpus_get_layers_as_llama_cpp_assigns_them(model27):
+    """[1, 1, 2] over 64 layers + the output layer (65): cumulative shares 0.25 / 0.5 / 1.0; layer il goes to the first
+    GPU whose share exceeds il / 65: il 0-16 (16/65 = 0.246) on GPU 0, 17-32 (32/65 = 0.492) on GPU 1, the rest
+    (33-63 and the output layer) on GPU 2."""
+    config = make_config({"hardware": {"gpus": 3, "device_ids": ["0", "1", "2"]},
+                          "engines": {"llama.cpp": {"tensor_split": [1, 1, 2]}}})
+    p = plan.plan_llama(config, modelinfo.read(model27), 4096)
+    assert [len(g.layers) for g in p.gpus] == [17, 16, 31]
+    assert p.gpus[0].layers[-1] == 16 and p.gpus[1].layers == list(range(17, 33))
+    assert plan.assign_layers(64, [1, 1, 2])[64] == 2  # the output layer
+
+
+def test_split_mode_none_keeps_everything_on_one_gpu(model27):
+    config = make_config({"engines": {"llama.cpp": {"split_mode": "none"}}})
+    p = plan.plan_llama(config, modelinfo.read(model27), 4096)
+    assert [len(g.layers) for g in p.gpus] == [64, 0] and p.gpus[1].weights == 0 and p.gpus[1].kv == 0
+
+
+@pytest.mark.parametrize("value,flash", [("on", True), ("auto", True), (True, True), ("off", False), (False, False)])
+def test_flash_attention_setting_decides_the_scores(model27, value, flash):
+    m = modelinfo.read(model27)
+    config = make_config({"preset": "single-v100-32g", "engines": {"llama.cpp": {"flash_attn": value}}})
+    compute = plan.plan_llama(config, m, 16384).gpus[0].compute
+    assert compute == plan.compute_bytes(m, 16384, 512, flash, True, 4)
+    # by hand: on = 172 MiB, off = 1356 MiB (llama.cpp's log on the H200, 4 x 16384, ubatch 512)
+    assert compute == (180_355_072 if flash else 1_421_869_056)
+
+
+def test_unknown_kv_cache_type_names_its_own_field(model27):
+    m = modelinfo.read(model27)
+    for key in ("cache_type_k", "cache_type_v"):
+        try:
+            config = make_config({"engines": {"llama.cpp": {key: "q9_9"}}})
+        except KitError as exc:  # the config itself may refuse it first: then it must name the same field
+            assert exc.field == f"engines.llama.cpp.{key}", exc.line()
+            continue
+        with pytest.raises(KitError) as err:
+            plan.plan_llama(config, m, 4096)
+        assert err.value.field == f"engines.llama.cpp.{key}" and "q9_9" in err.value.problem
