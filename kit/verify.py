@@ -143,13 +143,16 @@ def kit_probe() -> Path | None:
 
 def nccl_resolved(ins: Inspection) -> dict[str, list[str]]:
     """libnccl.so.2 as the dynamic loader resolves it for each engine ELF (its RUNPATH/RPATH, the image's
-    LD_LIBRARY_PATH, ld.so.conf): resolved path -> the engine files that load it."""
+    LD_LIBRARY_PATH, ld.so.conf), asking the image's own loader in trace mode: resolved path -> the engine files
+    that load it."""
     loader = next((l for l in LOADERS if ins.host.run(f"test -x {l}").rc == 0), None)
     if loader is None:
         raise RuntimeError("no dynamic loader found in the image")
     found: dict[str, list[str]] = {}
     for path in engine_files(ins):
-        listing = ins.host.run(f"{loader} --list {shlex.quote(path)}")
+        # trace mode (what ldd does, without the image's ldd script): a library the host driver provides
+        # (libcuda.so.1) prints "not found" instead of stopping the listing, as `ld.so --list` would
+        listing = ins.host.run(f"LD_TRACE_LOADED_OBJECTS=1 {loader} {shlex.quote(path)}")
         match = re.search(r"^\s*libnccl\.so\.2 => (\S+)", listing.stdout, flags=re.M)
         if match:
             real = ins.host.run(f"readlink -f {shlex.quote(match.group(1))}").stdout.strip() or match.group(1)
@@ -187,7 +190,9 @@ def nccl_runtime(ins: Inspection) -> tuple[str, str]:
     if not pin:
         return "skip", "no NCCL in this flavor"
     resolved = nccl_resolved(ins)
-    if not resolved:  # no engine ELF links NCCL (a Python engine loads it by name): what a dlopen finds
+    if not resolved and _need_manifest(ins).get("recipe") == "cmake":
+        return "fail", f"no engine file links libnccl.so.2, but the image pins NCCL {pin} (built without NCCL?)"
+    if not resolved:  # a Python engine loads NCCL by name (torch, VLLM_NCCL_SO_PATH): what a dlopen finds
         resolved = {"libnccl.so.2": ["dlopen by name"]}
     versions: dict[str, str] = {}
     how = ""

@@ -198,7 +198,9 @@ def test_sm70_image_has_only_sm70_code_and_the_pinned_nccl(sm70_image):
     results = by_name(verify.verify(sm70_image.tag))
     assert results["cuda-arch"].status == "ok", results["cuda-arch"].detail
     assert "sm [70] only" in results["cuda-arch"].detail
-    assert results["nccl-runtime"].status == "ok" and "2.27.3" in results["nccl-runtime"].detail
+    # the NCCL that libggml-cuda.so resolves (the loader in trace mode: libcuda.so.1 is the driver's, absent here)
+    assert results["nccl-runtime"].status == "ok", results["nccl-runtime"].detail
+    assert results["nccl-runtime"].detail.startswith("/opt/kit/nccl/nvidia/nccl/lib/libnccl.so.2: NCCL 2.27.3")
     assert results["nccl-builder"].status == "ok"
     assert results["libs"].status == "ok" and "libcuda.so.1" in results["libs"].detail
     assert results["entrypoint"].status == "ok"

@@ -193,6 +193,9 @@ NCCL_DEFECTS = {  # name -> (Dockerfile lines after NCCL_GOOD, engine libraries:
                            {"libggml-cuda.so": ""}, "the engine loads NCCL 2.32.3 (/opt/other/libnccl.so.2"),
     "two-nccls": ("USER root\nCOPY libggml-rpc.so /app/\nUSER 10001",
                   {"libggml-cuda.so": "", "libggml-rpc.so": "/opt/other"}, "two NCCLs for one engine"),
+    # pinned, but the engine links no NCCL at all (GGML_CUDA_NCCL off): the pin proves nothing
+    "no-nccl-linked": ("USER root\nRUN cp /usr/bin/true /app/libggml-cuda.so\nUSER 10001", {"libggml-cuda.so": ""},
+                       "no engine file links libnccl.so.2, but the image pins NCCL 2.27.3"),
     # the image's own probe says what the manifest wants; the loader says otherwise
     "forged-probe": ("USER root\nRUN printf '#!/bin/sh\\necho 2.27.3\\n' > /usr/local/bin/kit-nccl-version "
                      "&& chmod +x /usr/local/bin/kit-nccl-version\nUSER 10001",
@@ -215,13 +218,20 @@ def nccl_parts(tmp_path_factory):
         (root / f"{name}.c").write_text(f"int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}\n")
         subprocess.run([gcc, "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", "-o", str(root / name / "libnccl.so.2"),
                         str(root / f"{name}.c")], check=True)
-    (root / "engine.c").write_text("int ncclGetVersion(int *);\nint ggml_nccl(void) { int v; return ncclGetVersion(&v); }\n")
+    (root / "engine.c").write_text("int ncclGetVersion(int *);\nint cuInit(unsigned);\n"
+                                   "int ggml_nccl(void) { int v; return ncclGetVersion(&v) + cuInit(0); }\n")
+    # like the real libggml-cuda.so, the engine library also needs libcuda.so.1, which only the host driver provides:
+    # a stub at link time, absent from the image
+    (root / "driver").mkdir()
+    (root / "cuda.c").write_text("int cuInit(unsigned f) { return (int) f; }\n")
+    subprocess.run([gcc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(root / "driver" / "libcuda.so.1"),
+                    str(root / "cuda.c")], check=True)
 
     def engine_lib(runpath: str) -> bytes:
         out = root / f"engine-{abs(hash(runpath))}.so"
         flags = [f"-Wl,-rpath,{runpath}", "-Wl,--disable-new-dtags"] if runpath else []
         subprocess.run([gcc, "-shared", "-fPIC", "-o", str(out), str(root / "engine.c"), f"-L{root / 'nccl-a'}",
-                        "-l:libnccl.so.2", *flags], check=True)
+                        "-l:libnccl.so.2", f"-L{root / 'driver'}", "-l:libcuda.so.1", *flags], check=True)
         return out.read_bytes()
 
     files = {f"{n}/libnccl.so.2": (root / n / "libnccl.so.2").read_bytes() for n in ("nccl-a", "nccl-b")}
