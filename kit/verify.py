@@ -190,9 +190,9 @@ def nccl_runtime(ins: Inspection) -> tuple[str, str]:
     if not pin:
         return "skip", "no NCCL in this flavor"
     resolved = nccl_resolved(ins)
-    if not resolved and _need_manifest(ins).get("recipe") == "cmake":
+    if not resolved and _need_manifest(ins).get("recipe") == "cmake" and engine_files(ins):
         return "fail", f"no engine file links libnccl.so.2, but the image pins NCCL {pin} (built without NCCL?)"
-    if not resolved:  # a Python engine loads NCCL by name (torch, VLLM_NCCL_SO_PATH): what a dlopen finds
+    if not resolved:  # a Python engine (or a stage without the engine) loads NCCL by name: what a dlopen finds
         resolved = {"libnccl.so.2": ["dlopen by name"]}
     versions: dict[str, str] = {}
     how = ""
