@@ -349,3 +349,15 @@ def test_auth_refusals_say_the_panels_reason_and_the_checks(httpserver, panel_ar
     text = str(failure.value)
     assert "1Panel code 401" in text and phrase in text
     assert "an empty whitelist rejects everyone" in text and client.auth_note == "neither MD5 nor HMAC-SHA256 was accepted"
+
+
+def test_a_container_that_keeps_restarting_is_a_crash_loop(httpserver):
+    import re
+
+    fake = FakePanel(fail_with="Restarting")
+    httpserver.expect_request(re.compile(r"^/api/v2/.*")).respond_with_handler(fake)
+    client = api.PanelClient(httpserver.url_for("/").rstrip("/"), KEY)
+    with pytest.raises(CheckFailed) as failure:
+        api.install(client, STORE / "llama-cpp-v100", "llama-v100", {}, poll_s=0.01, restarting_s=0.2,
+                    timeout_s=30, echo=lambda _l: None)
+    assert "kept Restarting for 0.2 s (a crash loop): compose up failed: image not found" in str(failure.value)

@@ -33,6 +33,7 @@ import yaml
 from kit.errors import CheckFailed, KitError
 
 RUNNING = "Running"
+RESTARTING = "Restarting"
 # agent/constant/app.go status names; Restarting and Installing are waited out
 FAILED = {"UpErr", "InstallErr", "Error", "DownloadErr", "UnHealthy", "Stopped"}
 
@@ -214,7 +215,7 @@ def _local_version(app_dir: Path) -> str:
 
 def install(client: PanelClient, app_dir: Path, name: str, params: dict[str, str], *,
             local_dir: Path | None = None, allow_port: bool = False, timeout_s: float = 900,
-            poll_s: float = 2.0, echo: Callable[[str], None] = print) -> dict[str, Any]:
+            poll_s: float = 2.0, restarting_s: float = 60, echo: Callable[[str], None] = print) -> dict[str, Any]:
     if not (app_dir / "data.yml").is_file():
         raise KitError("--app", f"{app_dir} is not an exported app", "run `kit panel export` and pass --store")
     key = yaml.safe_load((app_dir / "data.yml").read_text(encoding="utf-8"))["additionalProperties"]["key"]
@@ -261,14 +262,19 @@ def install(client: PanelClient, app_dir: Path, name: str, params: dict[str, str
     if not allow_port:
         echo("the port is published on 127.0.0.1 of the panel host only (pass --allow-port to open it)")
     deadline = time.monotonic() + timeout_s
+    restarting_since: float | None = None
     while True:
         state = client.installed(panel_key, name)
         status = state.get("status", "")
         if status == RUNNING:
             return wait_ready(client, state, allow_port, deadline, poll_s, echo)
-        if status in FAILED:
+        # Restarting for longer than a start takes is a crash loop (the engine exits, Docker restarts it)
+        restarting_since = (restarting_since or time.monotonic()) if status == RESTARTING else None
+        looping = restarting_since is not None and time.monotonic() - restarting_since > restarting_s
+        if status in FAILED or looping:
             reason = client.install_message(name) or "1Panel gave no reason; see the app's log in the panel"
-            raise CheckFailed(f"1Panel install of {name} ended in {status}: {reason}")
+            ended = f"kept {status} for {restarting_s:g} s (a crash loop)" if looping else f"ended in {status}"
+            raise CheckFailed(f"1Panel install of {name} {ended}: {reason}")
         if time.monotonic() > deadline:
             raise CheckFailed(f"1Panel install of {name} still {status or 'unknown'} after {timeout_s:.0f}s")
         time.sleep(poll_s)
