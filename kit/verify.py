@@ -71,6 +71,7 @@ class Inspection:
                                                network_disabled=True, labels={"io.kit.verify": "1"})
         self.host = testinfra.get_host(f"docker://{self.container.id}")
         self.manifest: dict[str, Any] | None = None
+        self.copied: set[str] = set()  # host files put into the container (copy_in)
         if self.host.file(MANIFEST).exists:
             self.manifest = json.loads(self.host.file(MANIFEST).content_string)
 
@@ -86,6 +87,20 @@ class Inspection:
             target = dest / Path(path).name
             target.write_bytes(handle.read() if handle else b"")
         return target
+
+    def copy_in(self, source: Path, folder: str = "/tmp") -> str:
+        """Put a host file (kit's own tools) into the container as an executable, once; its path inside."""
+        path = f"{folder}/{source.name}"
+        if path not in self.copied:
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w") as tar:
+                data = source.read_bytes()
+                info = tarfile.TarInfo(source.name)
+                info.size, info.mode = len(data), 0o755
+                tar.addfile(info, io.BytesIO(data))
+            self.container.put_archive(folder, buffer.getvalue())
+            self.copied.add(path)
+        return path
 
 
 CHECKS: list[tuple[str, Callable[[Inspection], tuple[str, str]]]] = []
@@ -141,7 +156,7 @@ def kit_probe() -> Path | None:
     return binary
 
 
-def nccl_resolved(ins: Inspection) -> dict[str, list[str]]:
+def nccl_resolved(ins: Inspection, files: list[str]) -> dict[str, list[str]]:
     """libnccl.so.2 as the dynamic loader resolves it for each engine ELF (its RUNPATH/RPATH, the image's
     LD_LIBRARY_PATH, ld.so.conf), asking the image's own loader in trace mode: resolved path -> the engine files
     that load it."""
@@ -149,7 +164,7 @@ def nccl_resolved(ins: Inspection) -> dict[str, list[str]]:
     if loader is None:
         raise RuntimeError("no dynamic loader found in the image")
     found: dict[str, list[str]] = {}
-    for path in engine_files(ins):
+    for path in files:
         # trace mode (what ldd does, without the image's ldd script): a library the host driver provides
         # (libcuda.so.1) prints "not found" instead of stopping the listing, as `ld.so --list` would
         listing = ins.host.run(f"LD_TRACE_LOADED_OBJECTS=1 {loader} {shlex.quote(path)}")
@@ -165,16 +180,7 @@ def probe_nccl(ins: Inspection, library: str) -> tuple[str, str]:
     kit's script where this host has no C compiler."""
     probe = kit_probe()
     if probe is not None:
-        if not getattr(ins, "_probe_in", False):
-            buffer = io.BytesIO()
-            with tarfile.open(fileobj=buffer, mode="w") as tar:
-                info = tarfile.TarInfo("kit-nccl-probe")
-                data = probe.read_bytes()
-                info.size, info.mode = len(data), 0o755
-                tar.addfile(info, io.BytesIO(data))
-            ins.container.put_archive("/tmp", buffer.getvalue())
-            ins._probe_in = True  # type: ignore[attr-defined]
-        result = ins.host.run(f"/tmp/kit-nccl-probe {shlex.quote(library)}")
+        result = ins.host.run(f"{ins.copy_in(probe)} {shlex.quote(library)}")
         how = "kit's probe"
     else:
         result = ins.host.run(f"python3 -c {shlex.quote(PY_PROBE)} {shlex.quote(library)}")
@@ -189,8 +195,9 @@ def nccl_runtime(ins: Inspection) -> tuple[str, str]:
     pin = _need_manifest(ins).get("nccl_pin")
     if not pin:
         return "skip", "no NCCL in this flavor"
-    resolved = nccl_resolved(ins)
-    if not resolved and _need_manifest(ins).get("recipe") == "cmake" and engine_files(ins):
+    files = engine_files(ins)
+    resolved = nccl_resolved(ins, files)
+    if not resolved and _need_manifest(ins).get("recipe") == "cmake" and files:
         return "fail", f"no engine file links libnccl.so.2, but the image pins NCCL {pin} (built without NCCL?)"
     if not resolved:  # a Python engine (or a stage without the engine) loads NCCL by name: what a dlopen finds
         resolved = {"libnccl.so.2": ["dlopen by name"]}
