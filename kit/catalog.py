@@ -73,6 +73,10 @@ class ModelDependent(_Record):
     with_mtp: str  # auto, when the model has MTP layers
     without_mtp: str  # auto, when it has none (or the model is not on this machine)
 
+    def for_model(self, mtp_layers: int) -> str:
+        """What ``auto`` becomes for a model with ``mtp_layers`` MTP layers."""
+        return self.with_mtp if mtp_layers > 0 else self.without_mtp
+
 
 class ServeArg(_Record):
     flag: str

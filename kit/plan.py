@@ -142,7 +142,7 @@ def server_outputs(config: StackConfig, model: ModelInfo) -> int:
     spec = str(settings.get("spec_type", "none"))
     rule = catalog.get("llama.cpp").model_dependent.get("spec_type")
     if spec == "auto" and rule:
-        spec = rule.with_mtp if model.mtp_layers else rule.without_mtp
+        spec = rule.for_model(model.mtp_layers)
     draft = int(settings.get("spec_draft_n_max", 0)) if spec not in ("", "none") else 0
     return min(int(settings["batch"]), config.serve.concurrency * (1 + draft))
 

@@ -128,7 +128,7 @@ def _decide(name: str, key: str, value: str, rule: Any, config: StackConfig, pat
         return value
     marker = f"{info.architecture}.nextn_predict_layers"
     if value == AUTO:
-        chosen = rule.with_mtp if info.mtp_layers > 0 else rule.without_mtp
+        chosen = rule.for_model(info.mtp_layers)
         notes.append(f"{field} auto: {chosen} ({path.name}: {marker} = {info.mtp_layers})")
         return chosen
     if info.mtp_layers <= 0:
