@@ -78,7 +78,7 @@ def init(
             out.print(f"[bold]{name}[/]  {entry['summary']}")
         return
     text = initfile.render(preset, base) if preset in config.presets() else config.preset_data(preset)
-    rules.validate(config.from_dict({"preset": preset, **({"base": {"builder": base, "runtime": base}} if base else {})}))
+    rules.validate(config.from_dict(initfile.starting_point(preset, base)))
     if output.exists() and not force:
         raise KitError("--output", f"{output} exists", "pass --force to overwrite it")
     output.write_text(str(text), encoding="utf-8")

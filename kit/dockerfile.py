@@ -131,13 +131,12 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
     debian_builder = DEBIAN_CUDA["builder_packages"] if debian_cuda else []
     pip = PIP_PACKAGES if wheels or pip_nccl or engine.recipe != "cmake" else []
     probe = ["build-essential"] if nccl else []  # compiles the kit-nccl-version probe
-    if engine.recipe == "cmake":
-        # the engine's build tools, shared by every flavor on one base; CUDA, pip and NCCL are the GPU toolchain's
-        build_packages = list(engine.build.packages)
-        toolchain_packages = _new(build_packages, debian_builder + pip + probe)
-    else:  # one toolchain stage holds everything
-        build_packages = list(engine.build.packages)
-        build_packages += _new(build_packages, debian_builder + pip + probe)
+    build_packages = list(engine.build.packages)
+    # cmake: the engine's build tools are shared by every flavor on one base, and CUDA, pip and NCCL are the GPU
+    # toolchain stage's; the other recipes have one toolchain stage that holds everything
+    toolchain_packages = _new(build_packages, debian_builder + pip + probe)
+    if engine.recipe != "cmake":
+        build_packages += toolchain_packages
         toolchain_packages = []
     runtime_packages = list(engine.runtime.packages) + (DEBIAN_CUDA["runtime_packages"] if debian_cuda else [])
     if wheels or pip_nccl:

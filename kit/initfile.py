@@ -21,13 +21,15 @@ def _scalar(value: Any) -> str:
 GPU_SECTIONS = ("cuda", "nccl")  # read only when an engine runs on GPUs
 
 
+def starting_point(preset: str, base: str = "") -> dict[str, Any]:
+    """What `kit init` writes out: the preset, and ``base`` (an image made by `kit base`) as both build bases."""
+    return {"preset": preset, **({"base": {"builder": base, "runtime": base}} if base else {})}
+
+
 def render(preset: str, base: str = "") -> str:
     """The preset with every field; ``base`` (an image made by `kit base`) as both build bases."""
     summary = cfg.presets()[preset]["summary"] if preset in cfg.presets() else ""
-    overrides: dict[str, Any] = {"preset": preset}
-    if base:
-        overrides["base"] = {"builder": base, "runtime": base}
-    model = cfg.from_dict(overrides)
+    model = cfg.from_dict(starting_point(preset, base))
     gpu = model.hardware.gpus > 0
     lines = [
         f"# kit stack config - preset {preset}: {summary}",
