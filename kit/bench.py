@@ -63,7 +63,7 @@ class Sample:
 
 class Client:
     def __init__(self, url: str, api_key: str | None, model: str | None, timeout_s: float,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, stop: threading.Event | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise KitError("--url", f"{url!r} is not an http(s) URL", "write it like http://127.0.0.1:8080")
@@ -76,7 +76,7 @@ class Client:
         # set on Ctrl-C: no new request starts, and a streaming one stops at its next chunk (an Event, not a
         # KeyboardInterrupt: an exception raised at an arbitrary point can leave a future's lock held, and the
         # worker that completes it then blocks the exit forever)
-        self.stop = threading.Event()
+        self.stop = stop or threading.Event()
 
     def session(self) -> requests.Session:
         if not hasattr(self.local, "session"):
@@ -282,9 +282,7 @@ def run(url: str, *, api_key: str | None = None, model: str | None = None, names
     unknown = [n for n in names if n not in table["scenarios"]]
     if unknown:
         raise KitError("--scenarios", f"unknown scenario {unknown[0]!r}", f"use {', '.join(table['scenarios'])}")
-    client = Client(url, api_key, model, timeout_s)
-    if stop is not None:
-        client.stop = stop
+    client = Client(url, api_key, model, timeout_s, stop=stop)
     result = Run(url=client.base, model=client.probe())
     seed = int(table["seed"])
     first = client.one("preflight", 1, "Say OK.", 1, seed)
@@ -376,6 +374,43 @@ def host_bandwidth_gbs(size: int = 256 * 2**20, rounds: int = 3) -> float:
         view[:] = src
         best = min(best, time.perf_counter() - start)
     return 2 * size / best / 1e9
+
+
+def roofline_for(stack: Any, model_bytes: float | None = None, model_file: Path | None = None,
+                 gpu: str | None = None, parallel_gpus: int = 1) -> tuple[Roofline | None, str]:
+    """The decode limit to compare with, and a note when there is none: from the given weights size, else from
+    kit plan's split of the stack's model when it is on this machine (GPU: datasheet bandwidth; cpu flavor: this
+    host's, measured)."""
+    from kit.plan import gpu_table
+
+    gpus = gpu_table()["gpus"]
+    name = gpu or (stack.hardware.gpu_model if stack is not None else "Tesla V100-SXM2-16GB")
+    if (model_bytes or model_file) and name not in gpus:
+        raise KitError("--gpu", f"unknown GPU {name!r}", f"use one of {', '.join(gpus)}")
+    if model_file is not None:
+        from kit import modelinfo
+
+        model_bytes = float(modelinfo.read(model_file).weights_bytes)
+    if model_bytes:
+        bw = gpus[name]["bandwidth_gbs"]
+        return Roofline(roofline(model_bytes, bw, parallel_gpus), model_bytes, bw, "datasheet (images/gpus.yaml)",
+                        f"{model_bytes / 1e9:.2f} GB given, {parallel_gpus} GPU(s) at once"), ""
+    if stack is None:
+        return None, ""
+    from kit import plan as planner, resolve
+
+    primary = stack.stack.primary
+    info = resolve.model_info(stack, primary)
+    if info is None:
+        return None, f"roofline: {resolve.host_model_path(stack, primary)} is not on this machine (pass --model-file)"
+    resolved = resolve.engine(stack, primary)
+    made = planner.make_plan(stack, info, primary, resolved.ctx)
+    embeddings = sum(t.nbytes for t in info.tensors if t.name.startswith("token_embd"))
+    split = str(resolved.settings.get("split_mode", "tensor"))
+    host_bw = host_bandwidth_gbs() if not resolved.gpu else 0.0
+    return plan_roofline([g.weights for g in made.gpus] if resolved.gpu else [], info.weights_bytes - embeddings,
+                         split, gpus.get(stack.hardware.gpu_model, {}).get("bandwidth_gbs", 0.0), host_bw,
+                         "measured (copy test on this host)"), ""
 
 
 def to_json(runs: list[Run]) -> str:

@@ -446,46 +446,6 @@ def doctor(
     raise typer.Exit(report.exit_code)
 
 
-def _roofline(stack: Any, model_bytes: Optional[float], model_file: Optional[Path], gpu: Optional[str],
-              parallel_gpus: int) -> Any:
-    """The decode limit to compare with: from the given weights size, else from kit plan's split of the stack's
-    model when it is on this machine (GPU: datasheet bandwidth; cpu flavor: this host's, measured)."""
-    from kit import bench as bencher
-    from kit.plan import gpu_table
-
-    gpus = gpu_table()["gpus"]
-    name = gpu or (stack.hardware.gpu_model if stack is not None else "Tesla V100-SXM2-16GB")
-    if (model_bytes or model_file) and name not in gpus:
-        raise KitError("--gpu", f"unknown GPU {name!r}", f"use one of {', '.join(gpus)}")
-    if model_file is not None:
-        from kit import modelinfo
-
-        model_bytes = float(modelinfo.read(model_file).weights_bytes)
-    if model_bytes:
-        bw = gpus[name]["bandwidth_gbs"]
-        return bencher.Roofline(bencher.roofline(model_bytes, bw, parallel_gpus), model_bytes, bw,
-                                "datasheet (images/gpus.yaml)",
-                                f"{model_bytes / 1e9:.2f} GB given, {parallel_gpus} GPU(s) at once")
-    if stack is None:
-        return None
-    from kit import plan as planner, resolve
-
-    primary = stack.stack.primary
-    info = resolve.model_info(stack, primary)
-    if info is None:
-        out.print(f"roofline: {resolve.host_model_path(stack, primary)} is not on this machine (pass --model-file)")
-        return None
-    resolved = resolve.engine(stack, primary)
-    made = planner.make_plan(stack, info, primary, resolved.ctx)
-    embeddings = sum(t.nbytes for t in info.tensors if t.name.startswith("token_embd"))
-    split = str(resolved.settings.get("split_mode", "tensor"))
-    host_bw = bencher.host_bandwidth_gbs() if not resolved.gpu else 0.0
-    return bencher.plan_roofline([g.weights for g in made.gpus] if resolved.gpu else [],
-                                 info.weights_bytes - embeddings, split,
-                                 gpus.get(stack.hardware.gpu_model, {}).get("bandwidth_gbs", 0.0), host_bw,
-                                 "measured (copy test on this host)")
-
-
 @app.command()
 def bench(
     config_path: Optional[Path] = ConfigOpt,
@@ -567,7 +527,9 @@ def bench(
         for r in run.results:
             for e in r.errors:
                 out.print(f"  [red]{r.scenario} x{r.concurrency}[/]: {e}", markup=True)
-    limit = _roofline(stack, model_bytes, model_file, gpu, parallel_gpus)
+    limit, note = bencher.roofline_for(stack, model_bytes, model_file, gpu, parallel_gpus)
+    if note:
+        out.print(note)
     for run in runs:
         single = [r.decode_tps.get("median", 0) for r in run.results if r.concurrency == 1 and r.decode_tps]
         if limit and single:
