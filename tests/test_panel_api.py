@@ -247,12 +247,7 @@ def test_unknown_param_and_bad_url(panel):
 def test_copy_to_local_dir(panel, tmp_path):
     fake, url = panel
     client = api.PanelClient(url, KEY)
-    # a panel that reads the local folder: pretend sync found it
-    fake.pending = {"key": "localvllm-v100", "id": 9, "name": "vLLM (V100)",
-                    "versions": [next(d.name for d in (STORE / "vllm-v100").iterdir() if d.is_dir())],
-                    "form": {}}
-    version = fake.pending["versions"][0]
-    fake.pending["form"][version] = yaml.safe_load((STORE / "vllm-v100" / version / "data.yml").read_text())
+    _pending_vllm(fake)  # a panel that reads the local folder: its sync finds the copied app
     api.install(client, STORE / "vllm-v100", "vllm", {}, local_dir=tmp_path, poll_s=0.01, echo=lambda _l: None)
     assert (tmp_path / "vllm-v100" / "data.yml").is_file()
     assert fake.uploaded == []

@@ -78,10 +78,10 @@ class PanelClient:
 
     def headers(self) -> dict[str, str]:
         ts = str(int(time.time()))
+        headers = {"1Panel-Timestamp": ts, "Accept-Language": "en"}  # English: the panel's messages are shown as-is
         if self.signature == "hmac-sha256":
-            return {"1Panel-Token": hmac_token(self.api_key, ts), "1Panel-Timestamp": ts,
-                    "1Panel-Signature-Version": "hmac-sha256", "Accept-Language": "en"}
-        return {"1Panel-Token": token(self.api_key, ts), "1Panel-Timestamp": ts, "Accept-Language": "en"}
+            return {**headers, "1Panel-Token": hmac_token(self.api_key, ts), "1Panel-Signature-Version": "hmac-sha256"}
+        return {**headers, "1Panel-Token": token(self.api_key, ts)}
 
     def send(self, method: str, path: str, **kwargs: Any) -> tuple[requests.Response, dict[str, Any] | None]:
         """One request with the token headers: the reply, and its JSON envelope (None when it is not JSON)."""
