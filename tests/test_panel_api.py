@@ -15,7 +15,11 @@ The stand-in follows 1Panel's own Go source (1Panel-dev/1Panel), not the client'
   `GetAppUpdate()`, which answers `CodeErrInternalServer` (500) when the remote store is unreachable - after the
   local sync has started (`version="v1"`, `store_reachable=False`);
 - `AppInstalledCheck.httpPort`: the published port, where the engine's /health says when the model is loaded
-  (Running only means the container is up).
+  (Running only means the container is up);
+- agent/router/ro_container.go `POST /containers/download/log` -> `DownloadContainerLogs`: `dto.ContainerLog`
+  (`container` validate:"required", `since`, `tail` uint, `containerType`) through `helper.CheckBindAndValidate`
+  (a bad body is `CodeErrBadRequest`), `cmd.CheckIllegal` on container/since/tail, then `docker logs --tail N` written
+  to a temp file and served by `http.ServeContent` as an attachment (text, not the envelope).
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ class FakePanel:
         self.signatures, self.api_enabled, self.whitelist = signatures, api_enabled, whitelist
         self.validity_min = validity_min
         self.auth_seen: list[str] = []
+        self.container_logs: dict[str, str] = {}  # containerName -> what `docker logs` prints
+        self.log_requests: list[dict] = []
 
     def auth_error(self, request: Request) -> str | None:
         """core/app/auth/api_auth.go APIAuthMiddleware, in its order; each failure is helper.BadAuth (code 401)
@@ -142,13 +148,28 @@ class FakePanel:
                 state["message"] = "compose up failed: image not found" if self.fail_with else ""
             # response.AppInstalledCheck: no message field
             return envelope({"isExist": True, "name": body["name"], "app": body["key"], "version": "x",
-                             "status": state["status"], "appInstallId": 1, "containerName": "c",
+                             "status": state["status"], "appInstallId": 1, "containerName": f"1Panel-{body['name']}",
                              "installPath": "/opt/1panel/apps/local/x", "httpPort": self.http_port,
                              "httpsPort": 0})
         if path == "/apps/installed/search":
             items = [{"name": n, "status": s["status"], "message": s["message"]} for n, s in self.installs.items()
                      if body.get("name", "") in n]
             return envelope({"items": items, "total": len(items)})
+        if path == "/containers/download/log":
+            self.log_requests.append(body)
+            container, tail = body.get("container"), body.get("tail", 0)
+            if not container or not isinstance(tail, int) or tail < 0:  # ShouldBindJSON / validate:"required"
+                return envelope(code=400, message="ErrInvalidParams")
+            if any(c in container + str(body.get("since", "")) for c in "&|;$'`()\"\n\r<>"):  # cmd.CheckIllegal
+                return envelope(code=500, message="ErrCmdIllegal")
+            if container not in self.container_logs:  # docker logs: No such container
+                return Response("Error response from daemon: No such container: " + container + "\n",
+                                content_type="text/plain; charset=utf-8",
+                                headers={"Content-Disposition": "attachment; filename*=utf-8''cmd_output_1.txt"})
+            lines = self.container_logs[container].splitlines()
+            text = "".join(line + "\n" for line in (lines[-tail:] if tail else lines))
+            return Response(text, content_type="text/plain; charset=utf-8",
+                            headers={"Content-Disposition": "attachment; filename*=utf-8''cmd_output_1.txt"})
         if path.startswith("/apps/"):
             key = path.removeprefix("/apps/")
             app = self.apps.get(key)
@@ -356,3 +377,64 @@ def test_a_container_that_keeps_restarting_is_a_crash_loop(httpserver):
         api.install(client, STORE / "llama-cpp-v100", "llama-v100", {}, poll_s=0.01, restarting_s=0.2,
                     timeout_s=30, echo=lambda _l: None)
     assert "kept Restarting for 0.2 s (a crash loop): compose up failed: image not found" in str(failure.value)
+
+
+# llama-server 0c1e57098's start-up on a missing model, as the cpu build printed it (tests/test_deploy.STARTUP_LINES)
+MISSING_MODEL_LOG = "".join(f"0.00.0{i}0.000 I line {i} of the model loader\n" for i in range(20)) + (
+    "0.00.010.962 E gguf_init_from_file: failed to open GGUF file '/models/qwen.gguf' (No such file or directory)\n"
+    "0.00.010.970 E llama_model_load_from_file_impl: failed to load model\n")
+
+
+def test_a_crash_loop_shows_the_engines_last_log_lines_and_what_they_mean(httpserver):
+    import re
+
+    fake = FakePanel(fail_with="Restarting")
+    fake.container_logs["1Panel-llama-v100"] = MISSING_MODEL_LOG
+    httpserver.expect_request(re.compile(r"^/api/v2/.*")).respond_with_handler(fake)
+    client = api.PanelClient(httpserver.url_for("/").rstrip("/"), KEY)
+    with pytest.raises(CheckFailed) as failure:
+        api.install(client, STORE / "llama-cpp-v100", "llama-v100", {}, poll_s=0.01, restarting_s=0.1,
+                    timeout_s=30, echo=lambda _l: None)
+    text = str(failure.value).splitlines()
+    # dto.ContainerLog as the panel binds it: tail a uint, not a string
+    assert fake.log_requests == [{"container": "1Panel-llama-v100", "since": "all", "tail": 15,
+                                  "containerType": "container"}]
+    assert text[0].startswith("1Panel install of llama-v100 kept Restarting for 0.1 s (a crash loop): ")
+    assert text[1] == "last 15 log lines of 1Panel-llama-v100:"
+    # 22 lines were logged; the last 15 are lines 7..19 of the loader, then the two errors
+    assert text[2] == "  0.00.070.000 I line 7 of the model loader"
+    assert text[16] == "  0.00.010.970 E llama_model_load_from_file_impl: failed to load model"
+    assert text[17].startswith("model-missing: ")
+
+
+def test_a_readiness_timeout_names_the_health_url_and_shows_the_log(httpserver):
+    import re
+
+    from werkzeug.wrappers import Response as R
+
+    fake = FakePanel(http_port=httpserver.port)
+    fake.container_logs["1Panel-llama-v100"] = "0.00.010.403 I srv    load_model: loading model\n"
+    httpserver.expect_request("/health").respond_with_handler(lambda _r: R("loading", status=503))
+    httpserver.expect_request(re.compile(r"^/api/v2/.*")).respond_with_handler(fake)
+    client = api.PanelClient(httpserver.url_for("/").rstrip("/"), KEY)
+    with pytest.raises(CheckFailed) as failure:
+        api.install(client, STORE / "llama-cpp-v100", "llama-v100", {}, poll_s=0.01, timeout_s=0.5,
+                    echo=lambda _l: None)
+    assert str(failure.value).splitlines() == [
+        f"http://localhost:{httpserver.port}/health not ready before the timeout (last: HTTP 503)",
+        "last 1 log lines of 1Panel-llama-v100:",
+        "  0.00.010.403 I srv    load_model: loading model"]
+
+
+def test_a_panel_that_cannot_give_the_log_says_so():
+    """An error envelope (here: CheckIllegal's answer) is not a log line."""
+    client = api.PanelClient("http://127.0.0.1:1", KEY)
+    assert client.logs("") == []
+    assert "the panel returned no log for container ?" in api.log_report(client, {})
+
+
+def test_an_illegal_container_name_is_answered_with_the_envelope_not_a_log(panel):
+    fake, url = panel
+    client = api.PanelClient(url, KEY)
+    fake.container_logs["a;b"] = "secret\n"
+    assert client.logs("a;b") == [] and fake.log_requests[-1]["container"] == "a;b"

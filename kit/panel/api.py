@@ -12,7 +12,10 @@ agent/app/dto/response/app.go):
 - ``GET /apps/detail/:appId/:version/app`` -> ``AppDetailDTO`` (``id`` = appDetailId, ``params.formFields``);
 - ``POST /apps/install`` (``AppInstallCreate``), then poll ``POST /apps/installed/check`` (``AppInstalledCheck``:
   status, httpPort; it has no message), and take a failure's reason from ``POST /apps/installed/search``
-  (``AppInstallDTO.message``).
+  (``AppInstallDTO.message``);
+- on a failure or a readiness timeout, the container's last log lines: ``POST /containers/download/log``
+  (``dto.ContainerLog``: container, since, tail, containerType; the panel runs ``docker logs --tail N`` and serves
+  the text as a file, an error as the JSON envelope), scanned with kit's log signatures.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from typing import Any
 import requests
 import yaml
 
+from kit import logscan
 from kit.errors import CheckFailed, KitError
 
 RUNNING = "Running"
+LOG_TAIL = 15  # log lines shown with a failure: llama-server's load error and its cause fit in this
 RESTARTING = "Restarting"
 # agent/constant/app.go status names; Restarting and Installing are waited out
 FAILED = {"UpErr", "InstallErr", "Error", "DownloadErr", "UnHealthy", "Stopped"}
@@ -177,6 +182,32 @@ class PanelClient:
         items = (data or {}).get("items") or []
         return next((str(i.get("message") or "") for i in items if i.get("name") == name), "")
 
+    def logs(self, container: str, tail: int = LOG_TAIL) -> list[str]:
+        """The container's last log lines (``POST /containers/download/log``); empty when the panel cannot say."""
+        if not container:
+            return []
+        try:
+            reply, _ = self.send("POST", "/containers/download/log",
+                                 json={"container": container, "since": "all", "tail": tail,
+                                       "containerType": "container"})
+        except CheckFailed:
+            return []
+        # the log comes as a text attachment; an error comes as the JSON envelope (a log line may look like JSON)
+        if reply.status_code != 200 or "json" in reply.headers.get("Content-Type", ""):
+            return []
+        return reply.text.splitlines()[-tail:]
+
+
+def log_report(client: PanelClient, state: dict[str, Any]) -> str:
+    """What the engine said before it failed: its last log lines, and what kit's log signatures make of them."""
+    container = str(state.get("containerName") or "")
+    lines = client.logs(container)
+    if not lines:
+        return f"\n(the panel returned no log for container {container or '?'}; see the app's log in the panel)"
+    found = logscan.scan("\n".join(lines))
+    text = f"\nlast {len(lines)} log lines of {container}:\n" + "\n".join(f"  {line}" for line in lines)
+    return text + "".join(f"\n{f.name}: {f.advice}" for f in found)
+
 
 def wait_ready(client: PanelClient, state: dict[str, Any], allow_port: bool, deadline: float, poll_s: float,
                echo: Callable[[str], None]) -> dict[str, Any]:
@@ -203,7 +234,7 @@ def wait_ready(client: PanelClient, state: dict[str, Any], allow_port: bool, dea
         except requests.RequestException as exc:
             last = exc.__class__.__name__
         time.sleep(poll_s)
-    raise CheckFailed(f"{url} not ready before the timeout (last: {last}); see the app's log in the panel")
+    raise CheckFailed(f"{url} not ready before the timeout (last: {last})" + log_report(client, state))
 
 
 def _local_version(app_dir: Path) -> str:
@@ -274,7 +305,8 @@ def install(client: PanelClient, app_dir: Path, name: str, params: dict[str, str
         if status in FAILED or looping:
             reason = client.install_message(name) or "1Panel gave no reason; see the app's log in the panel"
             ended = f"kept {status} for {restarting_s:g} s (a crash loop)" if looping else f"ended in {status}"
-            raise CheckFailed(f"1Panel install of {name} {ended}: {reason}")
+            raise CheckFailed(f"1Panel install of {name} {ended}: {reason}" + log_report(client, state))
         if time.monotonic() > deadline:
-            raise CheckFailed(f"1Panel install of {name} still {status or 'unknown'} after {timeout_s:.0f}s")
+            raise CheckFailed(f"1Panel install of {name} still {status or 'unknown'} after {timeout_s:.0f}s"
+                              + log_report(client, state))
         time.sleep(poll_s)
