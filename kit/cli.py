@@ -196,11 +196,14 @@ def verify(
     image: str = typer.Argument(..., help="Image to inspect, e.g. kit/llama-cpp:0c1e57098-cpu."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
     only: Optional[list[str]] = typer.Option(None, "--check", help="Run only these checks (repeatable)."),
+    serve: bool = typer.Option(False, "--serve", help="Also start the engine on the stack's model (-c) and wait "
+                                                      "for its HEALTHCHECK to pass."),
+    config_path: Optional[Path] = ConfigOpt,
 ) -> None:
     """Named checks inside a throwaway container: NCCL, entrypoint, libs, CUDA archs, runs, user, health, secrets."""
     from kit import verify as verifier
 
-    results = verifier.verify(image, only)
+    results = verifier.verify(image, only, stack=_config(config_path) if serve else None)
     if as_json:
         print(verifier.as_json(results))
     else:

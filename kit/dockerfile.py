@@ -223,7 +223,8 @@ def render_files(config: StackConfig, name: str) -> dict[str, str | Path]:
         "kit/manifest.json": json.dumps(ctx["manifest"], indent=2) + "\n",
     }
     if ctx["gpu"]:
-        for helper in ("nccl-version.c", "nccl-check.sh"):
+        linked = ["nccl-linked.sh"] if engine.recipe == "cmake" and ctx["nccl"] else []  # reads CMake's cache
+        for helper in ["nccl-version.c", "nccl-check.sh", *linked]:
             files[f"kit/{helper}"] = (paths.templates_dir() / "dockerfile" / "context" / helper).read_text()
     if ca:
         files["kit/ca.crt"] = Path(ca)

@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from kit import catalog, dockerhost, fatbin
+from kit.config import StackConfig
 from kit.errors import KitError
 
 MANIFEST = "/opt/kit/manifest.json"
+NCCL_LINKED = "/opt/kit/nccl-linked.txt"  # nccl-linked.sh: what the compile found
 # Provided by the NVIDIA driver on the host through the container toolkit, never inside an image.
 HOST_DRIVER_LIBS = {"libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1"}
 NVIDIA_ENTRYPOINT = "nvidia_entrypoint.sh"
@@ -72,6 +74,7 @@ class Inspection:
         self.host = testinfra.get_host(f"docker://{self.container.id}")
         self.manifest: dict[str, Any] | None = None
         self.copied: set[str] = set()  # host files put into the container (copy_in)
+        self.stack: StackConfig | None = None  # `serves` starts the engine as this stack does
         if self.host.file(MANIFEST).exists:
             self.manifest = json.loads(self.host.file(MANIFEST).content_string)
 
@@ -221,6 +224,10 @@ def nccl_runtime(ins: Inspection) -> tuple[str, str]:
 
 @check("nccl-builder")
 def nccl_builder(ins: Inspection) -> tuple[str, str]:
+    """Two kinds of evidence, named as such: the manifest's record (the builder stage's loader probe), and for a
+    cmake engine what the compile itself found (its CMakeCache's nccl.h NCCL_VERSION_CODE and libnccl), written by
+    the build step that fails on a mismatch. Both live in the image: this check reads them, it cannot re-run the
+    builder stage."""
     manifest = _need_manifest(ins)
     pin, built = manifest.get("nccl_pin"), manifest.get("nccl_builder")
     if not pin:
@@ -229,8 +236,25 @@ def nccl_builder(ins: Inspection) -> tuple[str, str]:
         return "fail", "the build did not record the builder's NCCL"
     if built != pin:
         return "fail", f"the builder compiled against NCCL {built}, but the pin is {pin}"
-    # a record: the builder stage probed its NCCL and wrote it down; nothing here can re-run that stage
-    return "ok", f"record: the builder stage compiled against NCCL {built} = pin {pin} (its probe, at build time)"
+    record = f"record: the builder stage's loader found NCCL {built} = pin {pin}"
+    if manifest.get("recipe") != "cmake":
+        return "ok", f"{record} (the engine loads NCCL by name at run time: nccl-runtime is the proof)"
+    linked = ins.host.file(NCCL_LINKED)
+    if not linked.exists:
+        return "fail", f"{record}, but no {NCCL_LINKED}: the build did not capture what the compile linked"
+    found = {}
+    for line in linked.content_string.splitlines():
+        kind, _, rest = line.partition(" ")
+        version, _, path = rest.partition(" ")
+        found[kind] = (version, path)
+    if set(found) != {"header", "library"}:
+        return "fail", f"{NCCL_LINKED} is not the build's record (lines: {sorted(found)})"
+    wrong = {kind: v for kind, (v, _) in found.items() if v != pin}
+    if wrong:
+        detail = ", ".join(f"{kind} {v} ({found[kind][1]})" for kind, v in sorted(wrong.items()))
+        return "fail", f"the compile used NCCL {detail}, but the pin is {pin}"
+    return "ok", (f"{record}; the compile's nccl.h NCCL_VERSION_CODE and libnccl ({found['library'][1]}) are "
+                  f"{pin} (captured by the build)")
 
 
 @check("entrypoint")
@@ -385,7 +409,51 @@ def healthcheck(ins: Inspection) -> tuple[str, str]:
     where = ins.host.run(f"command -v {shlex.quote(program)} || test -x {shlex.quote(program)}")
     if not program or where.rc != 0:
         return "fail", f"the healthcheck runs {program!r}, which is not in the image"
-    return "ok", " ".join(test[1:])[:100]
+    # the throwaway container runs `sleep`, not the engine: a healthcheck that passes now cannot tell a dead engine
+    down = ins.host.run("timeout 20 " + (" ".join(shlex.quote(a) for a in argv) if test[0] == "CMD"
+                                          else "sh -c " + shlex.quote(" ".join(test[1:]))))
+    if down.rc == 0:
+        return "fail", f"the healthcheck passes with no engine running ({' '.join(test[1:])[:80]}): it proves nothing"
+    return "ok", f"{' '.join(test[1:])[:100]} (fails while the engine is down)"
+
+
+@check("serves")
+def serves(ins: Inspection) -> tuple[str, str]:
+    """The engine started as the stack starts it (its argv, its model folder read-only), with the image's own
+    HEALTHCHECK test polled every second: healthy within the stack's start period, or why not."""
+    import time
+
+    from kit import serving
+
+    if ins.stack is None:
+        raise _Skip("pass --serve (with -c kit.yaml) to start the engine on the stack's model")
+    test = (ins.config.get("Healthcheck") or {}).get("Test") or []
+    if not test or test[0] == "NONE":
+        return "fail", "no HEALTHCHECK to wait for"
+    engine = _need_manifest(ins).get("engine", "")
+    argv = serving.command(ins.stack, engine)
+    timeout_s = serving.start_period_s(ins.stack)
+    container = dockerhost.client().containers.run(
+        ins.image.id, command=argv, detach=True, labels={"io.kit.verify": "1"},
+        volumes={str(Path(ins.stack.model.dir).expanduser().resolve()): {"bind": serving.MODEL_MOUNT, "mode": "ro"}},
+        healthcheck={"Test": test, "Interval": 1_000_000_000, "Timeout": 5_000_000_000, "Retries": 3,
+                     "StartPeriod": int(timeout_s * 1e9)})
+    try:
+        started, state = time.monotonic(), {}
+        while time.monotonic() < started + timeout_s:
+            container.reload()
+            state = container.attrs["State"]
+            if (state.get("Health") or {}).get("Status") == "healthy":
+                return "ok", f"healthy {time.monotonic() - started:.0f} s after start ({' '.join(test[1:])[:60]})"
+            if state.get("Status") == "exited":
+                break
+            time.sleep(1)
+        last = container.logs(tail=3).decode(errors="replace").strip().splitlines()
+        why = (f"exited {state.get('ExitCode')}" if state.get("Status") == "exited"
+               else f"was not healthy within {timeout_s} s")
+        return "fail", f"the engine {why}: {(last or ['no log'])[-1][:160]}"
+    finally:
+        container.remove(force=True)
 
 
 @check("secrets")
@@ -421,12 +489,13 @@ def _secret_files(ins: Inspection) -> list[str]:
     return [line for line in found.output.decode(errors="replace").splitlines() if line.startswith("/")]
 
 
-def verify(image: str, only: list[str] | None = None) -> list[Check]:
+def verify(image: str, only: list[str] | None = None, stack: StackConfig | None = None) -> list[Check]:
     known = [name for name, _ in CHECKS]
     unknown = [name for name in only or [] if name not in known]
     if unknown:  # an empty table that exits 0 would read as "all fine"
         raise KitError("--check", f"unknown check {unknown[0]!r}", f"use one of {', '.join(known)}")
     ins = Inspection(image)
+    ins.stack = stack
     results: list[Check] = []
     try:
         for name, fn in CHECKS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -215,3 +216,28 @@ def test_preflight_stops_before_anything_is_written_or_started(stack, tmp_path, 
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"serve.port: port {raw['serve']['port']} (llama-cpp) is in use by another process" in result.stderr
     assert not (tmp_path / "out").exists() and not deploy.containers(config)
+
+
+def test_verify_serves_starts_the_engine_until_its_healthcheck_passes(stack, tmp_path, cpu_image):
+    path, _ = stack("kitci-verify")
+    result = kit("verify", cpu_image.tag, "--serve", "-c", str(path), "--check", "serves", "--check", "healthcheck",
+                 "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    checks = {c["name"]: c for c in json.loads(result.stdout)}
+    assert checks["serves"]["status"] == "ok" and "s after start (curl -fsS http://127.0.0.1:8080/health" in \
+        checks["serves"]["detail"], checks
+    assert checks["healthcheck"]["detail"].endswith("(fails while the engine is down)")
+    # without --serve the check says how to run it
+    plain = kit("verify", cpu_image.tag, "--check", "serves", "--json", cwd=tmp_path)
+    assert json.loads(plain.stdout)[0]["status"] == "skip"
+
+
+def test_verify_serves_fails_with_the_engines_reason(stack, tmp_path, cpu_image):
+    path, _ = stack("kitci-verify-missing")
+    raw = yaml.safe_load(path.read_text())
+    raw["model"]["file"] = "not-there.gguf"
+    path.write_text(yaml.safe_dump(raw))
+    result = kit("verify", cpu_image.tag, "--serve", "-c", str(path), "--check", "serves", "--json", cwd=tmp_path)
+    assert result.returncode == 1
+    (check,) = json.loads(result.stdout)
+    assert check["status"] == "fail" and check["detail"].startswith("the engine exited 1: "), check

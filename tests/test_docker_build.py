@@ -122,7 +122,10 @@ def test_verify_catches_mismatch_made_without_the_check(cuda_stage_images, docke
     results = by_name(verify.verify("kit/test:nccl-unchecked", only=["nccl-runtime", "nccl-builder"]))
     assert results["nccl-runtime"].status == "fail"
     assert "2.32.3" in results["nccl-runtime"].detail and "2.27.3" in results["nccl-runtime"].detail
-    assert results["nccl-builder"].status == "ok"
+    # a manifest that records the pin is not enough: the compile's own record is missing
+    assert results["nccl-builder"].status == "fail"
+    assert "no /opt/kit/nccl-linked.txt: the build did not capture what the compile linked" in \
+        results["nccl-builder"].detail
 
 
 @pytest.fixture(scope="session")
@@ -201,7 +204,11 @@ def test_sm70_image_has_only_sm70_code_and_the_pinned_nccl(sm70_image):
     # the NCCL that libggml-cuda.so resolves (the loader in trace mode: libcuda.so.1 is the driver's, absent here)
     assert results["nccl-runtime"].status == "ok", results["nccl-runtime"].detail
     assert results["nccl-runtime"].detail.startswith("/opt/kit/nccl/nvidia/nccl/lib/libnccl.so.2: NCCL 2.27.3")
-    assert results["nccl-builder"].status == "ok"
+    # what the compile itself found: CMake's NCCL_INCLUDE_DIR / NCCL_LIBRARY from the pinned wheel (NCCL_ROOT)
+    assert results["nccl-builder"].status == "ok", results["nccl-builder"].detail
+    assert results["nccl-builder"].detail.endswith(
+        "the compile's nccl.h NCCL_VERSION_CODE and libnccl (/opt/kit/nccl/nvidia/nccl/lib/libnccl.so) are 2.27.3 "
+        "(captured by the build)")
     assert results["libs"].status == "ok" and "libcuda.so.1" in results["libs"].detail
     assert results["entrypoint"].status == "ok"
     # the CUDA backend is a module llama-server loads at start: --version runs on a machine without the driver

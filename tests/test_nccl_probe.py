@@ -104,3 +104,59 @@ def test_check_compares_the_runtime_with_what_the_builder_saw(tmp_path):
     assert "loads NCCL 2.27.3 but the builder compiled against NCCL 2.26.2" in result.stderr
     builder.write_text("2.27.3\n")
     assert check(tmp_path, "2.27.3", "runtime", "2.27.3", str(builder)).returncode == 0
+
+
+def nccl_header(folder: Path, code: int) -> Path:
+    """An include folder whose nccl.h has the version lines of NVIDIA's nccl.h (2.27.3 shown: NCCL_MAJOR 2,
+    NCCL_MINOR 27, NCCL_PATCH 3, NCCL_VERSION_CODE 22703, then the NCCL_VERSION(X,Y,Z) macro)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "nccl.h").write_text(
+        "#ifndef NCCL_H_\n#define NCCL_H_\n\n#define NCCL_MAJOR 2\n#define NCCL_MINOR 27\n#define NCCL_PATCH 3\n"
+        f'#define NCCL_SUFFIX ""\n\n#define NCCL_VERSION_CODE {code}\n'
+        "#define NCCL_VERSION(X,Y,Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : "
+        "(X) * 10000 + (Y) * 100 + (Z))\n")
+    return folder
+
+
+def linked(probe: Path, tmp_path: Path, include: str, library: str, pin: str = "2.27.3"):
+    """nccl-linked.sh on a CMakeCache.txt as CMake writes find_path / find_library results."""
+    cache = tmp_path / "CMakeCache.txt"
+    cache.write_text("//Path to a file.\n"
+                     f"NCCL_INCLUDE_DIR:PATH={include}\n\n"
+                     "//Path to a library.\n"
+                     f"NCCL_LIBRARY:FILEPATH={library}\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    shutil.copy(probe, bin_dir / "kit-nccl-version")
+    out = tmp_path / "nccl-linked.txt"
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    result = subprocess.run(["sh", str(CONTEXT / "nccl-linked.sh"), str(cache), pin, str(out)], capture_output=True,
+                            text=True, env=env)
+    return result, out
+
+
+def test_linked_records_the_header_and_library_the_compile_used(probe, tmp_path):
+    include = nccl_header(tmp_path / "include", 22703)
+    lib = stub_nccl(tmp_path / "lib", 22703)
+    result, out = linked(probe, tmp_path, str(include), str(lib))
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == f"header 2.27.3 {include}/nccl.h\nlibrary 2.27.3 {lib}\n"
+
+
+@pytest.mark.parametrize("header_code,lib_code,said", [
+    (22602, 22703, "compiled against nccl.h 2.26.2"),   # the devel image's own nccl.h found first
+    (22703, 23203, "linked 2.32.3"),                    # a header from the pin, a library from elsewhere
+    (2804, 22703, "compiled against nccl.h 2.8.4"),     # before 2.9: 2*1000 + 8*100 + 4
+])
+def test_linked_fails_the_build_when_the_compile_used_another_nccl(probe, tmp_path, header_code, lib_code, said):
+    include = nccl_header(tmp_path / "include", header_code)
+    lib = stub_nccl(tmp_path / "lib", lib_code)
+    result, out = linked(probe, tmp_path, str(include), str(lib))
+    assert result.returncode == 1 and said in result.stderr and "nccl.version pins 2.27.3" in result.stderr
+    assert not out.exists()
+
+
+def test_linked_fails_when_cmake_found_no_nccl(probe, tmp_path):
+    # FindNCCL.cmake without NCCL_ROOT: find_path/find_library leave <VAR>-NOTFOUND and GGML_USE_NCCL is not set
+    result, _ = linked(probe, tmp_path, "NCCL_INCLUDE_DIR-NOTFOUND", "NCCL_LIBRARY-NOTFOUND")
+    assert result.returncode == 1 and "the build found no NCCL" in result.stderr

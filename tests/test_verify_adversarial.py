@@ -25,7 +25,7 @@ RUN cp /usr/bin/true /app-engine && mkdir -p /app /opt/kit && mv /app-engine /ap
  && useradd -u 10001 -m kit && cp /etc/ssl/certs/ca-certificates.crt /opt/kit/cacert.pem
 COPY manifest.json /opt/kit/manifest.json
 USER 10001
-HEALTHCHECK CMD ["/app/llama-server"]
+HEALTHCHECK CMD ["test", "-e", "/tmp/engine-is-up"]
 ENTRYPOINT ["/app/llama-server"]
 """
 MANIFEST = {"engine": "llama.cpp", "recipe": "cmake", "entrypoint": ["/app/llama-server"], "nccl_pin": None}
@@ -56,6 +56,10 @@ DEFECTS = {
                          "-----END RSA PRIVATE KEY-----\\n' > /opt/tls/server.pem\nUSER 10001", "secrets",
                          "/opt/tls/server.pem"),
     "no-healthcheck": ('HEALTHCHECK NONE', "healthcheck", "no HEALTHCHECK"),
+    "healthcheck-always-passes": ('HEALTHCHECK CMD ["/app/llama-server"]', "healthcheck",
+                                  "passes with no engine running"),
+    "healthcheck-shell-always-passes": ('HEALTHCHECK CMD curl -fsS http://127.0.0.1:8080/health || exit 0',
+                                        "healthcheck", "the healthcheck runs 'curl', which is not in the image"),
     "healthcheck-program-missing": ('HEALTHCHECK CMD ["curl", "-fsS", "http://127.0.0.1:8080/health"]', "healthcheck",
                                     "the healthcheck runs 'curl', which is not in the image"),
     "healthcheck-shell-program-missing": ('HEALTHCHECK CMD wget -q -O- http://127.0.0.1:8080/health', "healthcheck",
@@ -256,3 +260,36 @@ def test_nccl_defect_fails_nccl_runtime(defect, docker_ready, base_image, nccl_p
     (result,) = verify.verify(tag, ["nccl-runtime"])
     assert result.status == "fail", (defect, result.detail)
     assert reason in result.detail, (defect, result.detail)
+
+
+# ---- nccl-builder: the manifest's record plus what the compile found (nccl-linked.sh's file); the image writes both,
+# so each forgery below must be caught by the two disagreeing with each other or with the pin.
+LINKED_OK = ("header 2.27.3 /opt/kit/nccl/nvidia/nccl/include/nccl.h\n"
+             "library 2.27.3 /opt/kit/nccl/nvidia/nccl/lib/libnccl.so\n")
+BUILDER_MANIFEST = {"nccl_pin": "2.27.3", "nccl_builder": "2.27.3", "recipe": "cmake"}
+BUILDER_CASES = {  # name -> (nccl-linked.txt or None, manifest changes, status, phrase)
+    "good": (LINKED_OK, {}, "ok", "the compile's nccl.h NCCL_VERSION_CODE and libnccl "
+                                  "(/opt/kit/nccl/nvidia/nccl/lib/libnccl.so) are 2.27.3"),
+    "no-compile-record": (None, {}, "fail", "no /opt/kit/nccl-linked.txt"),
+    "header-from-the-devel-image": (LINKED_OK.replace("header 2.27.3 /opt/kit/nccl/nvidia/nccl/include",
+                                                      "header 2.26.2 /usr/include"), {}, "fail",
+                                    "the compile used NCCL header 2.26.2 (/usr/include/nccl.h), but the pin is 2.27.3"),
+    "library-from-elsewhere": (LINKED_OK.replace("library 2.27.3", "library 2.32.3"), {}, "fail",
+                               "library 2.32.3"),
+    "garbage-record": ("2.27.3\n", {}, "fail", "is not the build's record"),
+    "record-says-another": (LINKED_OK, {"nccl_builder": "2.26.2"}, "fail",
+                            "the builder compiled against NCCL 2.26.2, but the pin is 2.27.3"),
+    "record-placeholder-left": (LINKED_OK, {"nccl_builder": "@NCCL_BUILDER@"}, "fail", "did not record"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BUILDER_CASES))
+def test_nccl_builder_reads_both_records_and_names_them(case, docker_ready, base_image):
+    linked, forged, status, phrase = BUILDER_CASES[case]
+    extra = "USER root\nCOPY nccl-linked.txt /opt/kit/\nUSER 10001" if linked is not None else ""
+    files = {"nccl-linked.txt": linked.encode()} if linked is not None else {}
+    tag = build(docker_ready, base_image, f"builder-{case}", extra, {**BUILDER_MANIFEST, **forged}, files)
+    (result,) = verify.verify(tag, ["nccl-builder"])
+    assert result.status == status and phrase in result.detail, (case, result.detail)
+    if status == "ok":
+        assert result.detail.startswith("record: the builder stage's loader found NCCL 2.27.3 = pin 2.27.3; ")
