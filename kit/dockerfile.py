@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kit import __version__, archs, catalog, serving
+from kit import __version__, archs, catalog, cudasource, serving
 from kit.config import StackConfig
+from kit.errors import KitError
 from kit.versions import major_minor
 
 # CUDA pieces from PyPI (cuda.source: wheels). The 12.x nvcc wheel has ptxas, nvvm and headers but no `nvcc`
@@ -19,13 +20,6 @@ from kit.versions import major_minor
 CUDA_BUILDER_WHEELS = ["nvidia-cuda-nvcc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12", "nvidia-cuda-cccl-cu12"]
 CUDA_RUNTIME_WHEELS = ["nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12"]
 DEBIAN_BASE = "debian:bookworm-slim"
-# cuda.source: debian - Debian bookworm's non-free CUDA 11.8 toolkit, which still compiles sm_70 with no NVIDIA
-# registry at all. Its nvcc needs g++ <= 11 as host compiler (the package brings g++-11).
-DEBIAN_CUDA = {
-    "builder_packages": ["nvidia-cuda-toolkit"],
-    "runtime_packages": ["libcudart11.0", "libcublas11"],
-    "cmake": {"CMAKE_CUDA_HOST_COMPILER": "g++-11"},
-}
 PIP_PACKAGES = ["python3", "python3-pip"]
 USER = {"name": "kit", "uid": 10001, "home": "/home/kit"}
 
@@ -42,6 +36,9 @@ def base_images(config: StackConfig, name: str, gpu: bool) -> dict[str, str]:
             "builder": f"nvidia/cuda:{cuda}-devel-{config.cuda.os}",
             "runtime": f"nvidia/cuda:{cuda}-runtime-{config.cuda.os}",
         }
+    elif gpu and config.cuda.source == "debian":  # the Debian release that packages this toolkit
+        suite = _debian_toolkit(cuda)["suite"]
+        defaults = {"builder": f"debian:{suite}-slim", "runtime": f"debian:{suite}-slim"}
     else:
         defaults = {"builder": DEBIAN_BASE, "runtime": DEBIAN_BASE}
     out = {}
@@ -49,6 +46,14 @@ def base_images(config: StackConfig, name: str, gpu: bool) -> dict[str, str]:
         chosen = getattr(config.base, stage) or default
         out[stage] = chosen if getattr(config.base, stage) else config.mirrors.registry + chosen
     return out
+
+
+def _debian_toolkit(cuda: str) -> dict[str, Any]:
+    toolkit = cudasource.debian_toolkit(cuda)
+    if toolkit is None:  # the rules say so first; a direct caller gets the same line
+        raise KitError("cuda.version", f"no Debian release packages CUDA {cuda}",
+                       f"use one of {', '.join(cudasource.debian_versions())} with cuda.source: debian")
+    return toolkit
 
 
 def nccl_facts(config: StackConfig, name: str) -> dict[str, Any]:
@@ -100,7 +105,7 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
     gpu = flavor.gpu
     arch_list = _archs(config) if gpu else []
     wheels = gpu and config.cuda.source == "wheels"
-    debian_cuda = gpu and config.cuda.source == "debian"
+    debian_cuda = _debian_toolkit(engine_cuda_version(config, name)) if gpu and config.cuda.source == "debian" else None
     pip_nccl = gpu and config.nccl.source == "pip"
     cuda_version = engine_cuda_version(config, name)
     cuda_pin = f"=={major_minor(cuda_version)}.*"
@@ -117,7 +122,7 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
         if nccl and nccl["source"] == "pip":
             gpu_flags["NCCL_ROOT"] = nccl["pip_root"]
         if debian_cuda:
-            gpu_flags.update(DEBIAN_CUDA["cmake"])
+            gpu_flags["CMAKE_CUDA_HOST_COMPILER"] = debian_cuda["host_compiler"]
     backend = None
     if flavor.backend and gpu:
         # the GPU backend compiles in its own build folder with the core's flags plus its own; only its module is
@@ -128,7 +133,7 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
     else:
         cmake_flags.update(gpu_flags)
 
-    debian_builder = DEBIAN_CUDA["builder_packages"] if debian_cuda else []
+    debian_builder = debian_cuda["builder_packages"] if debian_cuda else []
     pip = PIP_PACKAGES if wheels or pip_nccl or engine.recipe != "cmake" else []
     probe = ["build-essential"] if nccl else []  # compiles the kit-nccl-version probe
     build_packages = list(engine.build.packages)
@@ -138,7 +143,7 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
     if engine.recipe != "cmake":
         build_packages += toolchain_packages
         toolchain_packages = []
-    runtime_packages = list(engine.runtime.packages) + (DEBIAN_CUDA["runtime_packages"] if debian_cuda else [])
+    runtime_packages = list(engine.runtime.packages) + (debian_cuda["runtime_packages"] if debian_cuda else [])
     if wheels or pip_nccl:
         runtime_packages += _new(runtime_packages, PIP_PACKAGES)
 
@@ -195,7 +200,7 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
         "toolchain_packages": toolchain_packages,
         "runtime_packages": runtime_packages,
         "mirrors": {"apt": config.mirrors.apt, "pip_index": config.mirrors.pip_index, "ca_bundle": ca_bundle},
-        "debian_nonfree": debian_cuda,
+        "debian_nonfree": bool(debian_cuda),
         "torch": {
             "version": settings.get("torch", ""),
             "variant": settings.get("torch_variant", ""),

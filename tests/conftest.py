@@ -78,7 +78,9 @@ import tarfile  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 CACHE = Path(os.environ.get("KIT_TEST_CACHE", Path.home() / ".cache" / "kit-tests"))
-BASE_TAG = "kit/base:bookworm"
+# CI builds on trixie (its CUDA 12.4 toolkit compiles sm_70); bookworm carries the CUDA 11.8 route
+BASE_TAG = "kit/base:trixie"
+BOOKWORM_TAG = "kit/base:bookworm"
 
 
 @pytest.fixture(scope="session")
@@ -93,18 +95,27 @@ def docker_ready():
     return dockerhost.client()
 
 
-@pytest.fixture(scope="session")
-def base_image(docker_ready):
+def _base(client, suite: str, tag: str) -> str:
     """The Debian base made by `kit base` (reused when it already exists)."""
     from docker.errors import ImageNotFound
 
     from kit.base import make_base
 
     try:
-        docker_ready.images.get(BASE_TAG)
+        client.images.get(tag)
     except ImageNotFound:
-        make_base(tag=BASE_TAG)
-    return BASE_TAG
+        make_base(suite=suite, tag=tag)
+    return tag
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_ready):
+    return _base(docker_ready, "trixie", BASE_TAG)
+
+
+@pytest.fixture(scope="session")
+def bookworm_image(docker_ready):
+    return _base(docker_ready, "bookworm", BOOKWORM_TAG)
 
 
 @pytest.fixture(scope="session")

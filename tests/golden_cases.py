@@ -23,6 +23,8 @@ CASES: dict[str, dict[str, Any]] = {
     "vllm-dual-v100": {"preset": "dual-v100-nvlink", "stack": {"primary": "vllm"}},
     "debian-cuda-11-8": {"preset": "dual-v100-nvlink", "cuda": {"source": "debian", "version": "11.8.0"},
                          "nccl": {"source": "pip"}},
+    "debian-cuda-12-4": {"preset": "dual-v100-nvlink", "cuda": {"source": "debian", "version": "12.4.1"},
+                         "nccl": {"source": "pip"}},
     "wheels-pip-nccl": {"preset": "dual-v100-nvlink", "cuda": {"source": "wheels"}, "nccl": {"source": "pip"},
                         "mirrors": {"apt": "http://mirrors.example.cn", "pip_index": "https://pypi.example.cn/simple"}},
 }

@@ -76,6 +76,19 @@ def cuda_stage_images(base_image):
     return config, toolchain, runtime_base
 
 
+def test_cuda_11_8_route_builds_to_runtime_base(bookworm_image, docker_ready):
+    """Debian bookworm's CUDA 11.8 toolkit: the toolchain and runtime stages with NCCL checked in both (the compile
+    itself is the 12.4 route's, in the cuda_compile tier)."""
+    config = cfg.load(FIXTURES / "debian-cuda-11-8-ci.yaml")
+    rules.validate(config)
+    runtime_base = build.build_engine(config, "llama.cpp", target="runtime-base")
+    assert _nccl_in(runtime_base.tag, docker_ready) == "2.27.3"
+    # the toolkit's runtime libraries from bookworm's non-free (libcudart11.0, libcublas11), not the driver's
+    libs = docker_ready.containers.run(runtime_base.tag, entrypoint=["ldconfig", "-p"], command=[],
+                                       remove=True).decode()
+    assert "libcudart.so.11.0" in libs and "libcublas.so.11" in libs and "libcuda.so.1" not in libs
+
+
 def _nccl_in(image: str, client) -> str:
     return client.containers.run(image, entrypoint=["kit-nccl-version"], command=[], remove=True).decode().strip()
 

@@ -63,10 +63,10 @@ RULE_CASES = {
         {"cuda": {"source": "wheels", "version": "11.8.0"}, "nccl": {"source": "pip"}},
         "cuda.version: CUDA 11.8.0 has no cu12 wheels on PyPI; use a 12.x version with cuda.source: wheels",
     ),
-    "debian-cuda-is-11-8": (
+    "debian-packages-cuda": (
         {"cuda": {"source": "debian", "version": "12.9.1"}, "nccl": {"source": "pip"}},
-        "cuda.version: Debian bookworm's non-free toolkit is CUDA 11.8, not 12.9.1; "
-        "set cuda.version: 11.8.0 with cuda.source: debian",
+        "cuda.version: no Debian release packages CUDA 12.9.1; Debian has 11.8 (bookworm), 12.4 (trixie); "
+        "set cuda.version to one of those with cuda.source: debian",
     ),
     "nccl-cu12-only-on-volta": (
         {"nccl": {"version": "3.0.1"}},
@@ -208,3 +208,35 @@ def test_nccl_is_one_field():
                 yield f"{prefix}{key}"
     nccl_fields = [f for f in walk(cfg.StackConfig) if "nccl" in f.lower() and f.endswith("version")]
     assert nccl_fields == ["nccl.version"]
+
+
+@pytest.mark.parametrize("version,archs,line", [
+    ("11.8.0", [70], None),
+    ("12.4.1", [70], None),
+    ("12.4", [70, 90], None),
+    # bookworm's 11.8 cannot compile ggml-cuda for sm_90 (checked here: nvcc 11.8 fails on its bf16/fp8 paths)
+    ("11.8.0", [70, 90], "hardware.archs: Debian's CUDA 11.8.0 (bookworm) cannot compile sm_90; use a newer toolkit "
+                         "(11.8 (bookworm), 12.4 (trixie)) or cuda.source: image"),
+    ("12.2.0", [70], "cuda.version: no Debian release packages CUDA 12.2.0"),
+])
+def test_debian_cuda_routes(version, archs, line):
+    data = {"cuda": {"source": "debian", "version": version}, "nccl": {"source": "pip"}, "hardware": {"archs": archs}}
+    if line is None:
+        make_config(data)
+        return
+    with pytest.raises(KitError) as err:
+        make_config(data)
+    assert err.value.line().startswith(line), err.value.line()
+
+
+def test_debian_cuda_version_picks_the_release_and_its_compiler():
+    from kit import dockerfile
+
+    for version, suite, compiler, runtime in (("11.8.0", "bookworm", "g++-11", "libcudart11.0"),
+                                              ("12.4.1", "trixie", "g++-13", "libcudart12")):
+        config = make_config({"cuda": {"source": "debian", "version": version}, "nccl": {"source": "pip"}})
+        ctx = dockerfile.context(config, "llama.cpp", ca_bundle=False)
+        assert dockerfile.base_images(config, "llama.cpp", True) == {"builder": f"debian:{suite}-slim",
+                                                                     "runtime": f"debian:{suite}-slim"}
+        assert ("CMAKE_CUDA_HOST_COMPILER", compiler) in ctx["backend"]["cmake_flags"]
+        assert runtime in ctx["runtime_packages"]
