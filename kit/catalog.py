@@ -78,6 +78,21 @@ class ModelDependent(_Record):
         return self.with_mtp if mtp_layers > 0 else self.without_mtp
 
 
+class PlanFacts(_Record):
+    """How the engine's memory is laid out, for kit plan and kit doctor."""
+
+    # layer-split: whole layers per GPU, each GPU its own KV (llama.cpp); tensor-parallel: every layer cut across
+    # all GPUs, weights and a preallocated KV pool in gpu_memory_utilization (vLLM and engines like it)
+    memory: Literal["layer-split", "tensor-parallel"]
+    # split modes (the engine's split_mode setting) that move activations between GPUs on every token; a
+    # tensor-parallel engine always does
+    peer_split_modes: list[str] = Field(default_factory=list)
+    compute: dict[str, dict[str, int] | int] = Field(default_factory=dict)  # fitted compute-buffer constants
+
+    def peer_traffic(self, split_mode: str | None) -> bool:
+        return self.memory == "tensor-parallel" or split_mode in self.peer_split_modes
+
+
 class ServeArg(_Record):
     flag: str
     value: str | None = None
@@ -109,7 +124,7 @@ class Engine(_Record):
     supports: Supports = Field(default_factory=Supports)
     settings: dict[str, Any] = Field(default_factory=dict)
     model_dependent: dict[str, ModelDependent] = Field(default_factory=dict)
-    plan: dict[str, Any] = Field(default_factory=dict)  # kit plan's fitted constants for this engine, with sources
+    plan: PlanFacts
     serve: Serve
 
     @property

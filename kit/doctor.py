@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from kit import nvsmi, paths
+from kit import catalog, nvsmi, paths
 from kit.config import StackConfig
 from kit.errors import KitError
 from kit.versions import at_least
@@ -168,9 +168,8 @@ def peer_traffic(config: StackConfig) -> bool:
     """Split modes that move activations between GPUs on every token."""
     if config.hardware.gpus < 2:
         return False
-    if config.stack.primary == "llama.cpp":
-        return config.engine_settings("llama.cpp")["split_mode"] in ("row", "tensor")
-    return True  # tensor parallel engines
+    primary = config.stack.primary
+    return catalog.get(primary).plan.peer_traffic(config.engine_settings(primary).get("split_mode"))
 
 
 def check_topology(config: StackConfig, links: dict[tuple[int, int], str], report: Report) -> None:

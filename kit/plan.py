@@ -124,7 +124,7 @@ def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bo
       llama-server asks for one output per slot and draft token (server_output_limits), not one per prompt token
     Exact (to 0.01 MiB) at 9 settings on an H200 (benchmarks/results/gpu-compute-h200.json: ubatch 256-1024, 1-4
     slots of 4096-32768 tokens, flash attention on and off); the plan was 3x too high before (417 vs 172 MiB)."""
-    fit = catalog.get("llama.cpp").plan["compute"]
+    fit = catalog.get("llama.cpp").plan.compute
     width = {"n_ff": model.n_ff, "n_embd": model.n_embd, "kv_width": model.n_head_kv * model.head_dim}
     mask = ctx * ubatch * fit["mask_bytes"]
     ffn = ubatch * 4 * sum(rows * width[name] for name, rows in fit["ffn_rows"].items())
@@ -230,10 +230,9 @@ def plan_tensor_parallel(config: StackConfig, engine: str, model: ModelInfo, ctx
 
 def make_plan(config: StackConfig, model: ModelInfo, engine: str | None = None, ctx: int | None = None) -> Plan:
     engine = engine or config.stack.primary
-    catalog.get(engine)
     if ctx is None:
         ctx = config.model.ctx if isinstance(config.model.ctx, int) else (model.context_length or 4096)
-    if engine != "llama.cpp":
+    if catalog.get(engine).plan.memory == "tensor-parallel":
         plan = plan_tensor_parallel(config, engine, model, ctx)
         if not plan.fits:
             plan.fix = cheapest_fix(config, model, plan, engine)
@@ -270,7 +269,7 @@ def recommend_batch(config: StackConfig, model: ModelInfo, ctx: int) -> tuple[in
 
 def cheapest_fix(config: StackConfig, model: ModelInfo, plan: Plan, engine: str) -> str:
     short = max((g.used - g.total for g in plan.gpus), default=0)
-    if engine != "llama.cpp":
+    if catalog.get(engine).plan.memory == "tensor-parallel":
         if plan.kv_tokens and plan.max_ctx > 1024:
             return (f"shorten model.ctx to {plan.max_ctx // CTX_STEP * CTX_STEP} (the KV pool holds {plan.kv_tokens} "
                     f"tokens for {plan.slots} requests), serve fewer at once, or raise gpu_memory_utilization")

@@ -168,3 +168,17 @@ def test_deploy_preflight_wants_a_gpu_runtime_for_gpu_flavors(monkeypatch, tmp_p
     (tmp_path / "cdi").mkdir()
     (tmp_path / "cdi" / "nvidia.yaml").write_text("cdiVersion: 0.5.0\n")
     deploy.require_gpus(make_config({}))  # a CDI spec is enough
+
+
+@pytest.mark.parametrize("data,expected", [
+    ({}, False),                                                        # llama.cpp layer split: one hop per token
+    ({"engines": {"llama.cpp": {"split_mode": "row"}}}, True),          # every layer cut across the GPUs
+    ({"engines": {"llama.cpp": {"split_mode": "tensor"}}}, True),
+    ({"stack": {"primary": "vllm"}}, True),                             # tensor parallel, always
+    ({"preset": "single-v100-32g", "stack": {"primary": "vllm"}}, False),  # one GPU talks to nobody
+])
+def test_peer_traffic_follows_the_engines_memory_layout(data, expected):
+    from kit import doctor
+    from tests.conftest import make_config
+
+    assert doctor.peer_traffic(make_config(data)) is expected

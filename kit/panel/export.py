@@ -20,7 +20,6 @@ from kit import catalog, compose, dockerfile, paths, resolve, serving, templatin
 from kit.config import StackConfig
 from kit.panel import logo
 
-COLORS = {"llama.cpp": (33, 37, 41), "vllm": (48, 99, 142), "ninfer": (118, 185, 0)}
 # Port field: 1Panel checks every param whose key contains PANEL_APP_PORT against ports in use.
 PORT = "PANEL_APP_PORT_HTTP"
 
@@ -201,7 +200,7 @@ def app_files(config: StackConfig, name: str) -> dict[str, str | bytes]:
     }
     return {
         f"{key}/data.yml": _yaml(app_data(config, name)),
-        f"{key}/logo.png": logo.png(COLORS.get(name, (60, 60, 60))),
+        f"{key}/logo.png": logo.png(tuple(info.get("logo_rgb", (60, 60, 60)))),
         f"{key}/README.md": templating.render("1panel/README.md.j2", readme_ctx),
         f"{key}/README_en.md": templating.render("1panel/README_en.md.j2", readme_ctx),
         f"{key}/{version}/data.yml": _yaml({"additionalProperties": {"formFields": form_fields(config, name)}}),
