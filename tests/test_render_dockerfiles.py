@@ -206,3 +206,21 @@ def test_vllm_compile_is_bounded_and_runtime_check_compares_with_the_builder():
     for case, rel in (("vllm-dual-v100", "images/vllm/Dockerfile"), ("dual-v100-nvlink", "images/llama.cpp/Dockerfile")):
         runtime = stages(render_case(case)[rel])["runtime-base"]
         assert "sh /opt/kit/nccl-check.sh runtime 2.27.3 /opt/kit/nccl-builder.txt" in runtime, case
+
+
+def test_the_default_route_compiles_the_recipe_ci_compiles():
+    """The nvidia/cuda 12.9.1 route (never built here: no NVIDIA registry) and the Debian 12.4 route that CI compiles
+    differ in the compile only by where CUDA and NCCL come from: the host compiler Debian's nvcc needs and the pip
+    NCCL's root. Everything else in the core, the CUDA backend and the runtime stage is the same text."""
+    from tests.conftest import make_config
+
+    default = render.collect(make_config({"preset": "dual-v100-nvlink"}))["images/llama.cpp/Dockerfile"]
+    offline = render.collect(make_config({"preset": "dual-v100-nvlink", "cuda": {"source": "debian",
+                                                                                  "version": "12.4.1"},
+                                          "nccl": {"source": "pip"}}))["images/llama.cpp/Dockerfile"]
+    allowed = {"      -DCMAKE_CUDA_HOST_COMPILER=g++-13 \\", "      -DNCCL_ROOT=/opt/kit/nccl/nvidia/nccl \\"}
+    assert stages(default)["core"] == stages(offline)["core"]
+    backend = [line for line in stages(offline)["gpu-backend"].splitlines() if line not in allowed]
+    assert stages(default)["gpu-backend"].splitlines() == backend
+    runtime = stages(offline)["runtime"].replace('io.kit.cuda="12.4.1"', 'io.kit.cuda="12.9.1"')
+    assert stages(default)["runtime"] == runtime
