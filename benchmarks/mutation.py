@@ -1,7 +1,7 @@
 """Mutation score of a kit module against the tests that guard it (mutmut), printed and kept in benchmarks/results.
 
     python3 -m pip install mutmut
-    python benchmarks/mutation.py kit/plan.py -- tests/test_plan.py [-k EXPR] [--max-children 2]
+    python benchmarks/mutation.py [--max-children 2] kit/plan.py -- tests/test_plan.py [-k EXPR]
 
 mutmut changes one thing at a time in the module (an operator, a constant, a comparison, a returned value) and runs
 the tests that cover it; a mutant the tests do not notice "survived". The run happens in a temporary copy of the
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -40,10 +41,12 @@ def run(module: str, tests: list[str], max_children: int) -> dict:
                              f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
                              'also_copy = ["images/", "templates/", "appstore/"]\n')
         start = time.monotonic()
+        # the copy's kit/ must be the one imported: a PYTHONPATH to the checkout would test the unmutated code
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], cwd=work,
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=env)
         listing = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=work,
-                                 capture_output=True, text=True).stdout
+                                 capture_output=True, text=True, env=env).stdout
         counts: dict[str, int] = {}
         survivors = {}
         for line in listing.splitlines():
@@ -52,7 +55,7 @@ def run(module: str, tests: list[str], max_children: int) -> dict:
                 counts[match.group(2)] = counts.get(match.group(2), 0) + 1
                 if match.group(2) == "survived":  # the change itself, for a reader to judge or kill
                     diff = subprocess.run([sys.executable, "-m", "mutmut", "show", match.group(1)], cwd=work,
-                                          capture_output=True, text=True).stdout
+                                          capture_output=True, text=True, env=env).stdout
                     survivors[match.group(1)] = [l for l in diff.splitlines() if l[:1] in "+-"
                                                  and not l.startswith(("+++", "---"))]
     killed = counts.get("killed", 0)

@@ -185,8 +185,7 @@ def validate(config: StackConfig) -> None:
     for rule in table():
         found = CHECKS[rule["check"]](f, rule["params"])
         if found is not None:
-            field = found.get("field", rule["field"])
-            raise KitError(field if "{" not in field else rule["field"], rule["message"].format(**found),
+            raise KitError(found.get("field", rule["field"]), rule["message"].format(**found),
                            rule["fix"].format(**found))
 
 

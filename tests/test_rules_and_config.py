@@ -240,3 +240,19 @@ def test_debian_cuda_version_picks_the_release_and_its_compiler():
                                                                      "runtime": f"debian:{suite}-slim"}
         assert ("CMAKE_CUDA_HOST_COMPILER", compiler) in ctx["backend"]["cmake_flags"]
         assert runtime in ctx["runtime_packages"]
+
+
+def test_rules_read_only_the_engines_in_the_stack():
+    # vLLM's torch variant without Volta is refused when vLLM serves, and ignored when it is not in the stack
+    with pytest.raises(KitError) as err:
+        make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"torch_variant": "cu128"}}})
+    assert err.value.field == "engines.vllm.torch_variant"
+    make_config({"engines": {"vllm": {"torch_variant": "cu128"}}})  # llama.cpp serves: no error
+
+
+def test_a_git_ref_with_a_leading_v_is_compared_as_its_version():
+    # vLLM's tags are v0.11.0: "v0.31.0" must be read as 0.31.0, past the last release with Volta
+    with pytest.raises(KitError) as err:
+        make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"ref": "v0.31.0"}}})
+    assert err.value.field == "engines.vllm.ref"
+    make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"ref": "v0.11.0"}}})
