@@ -286,6 +286,101 @@ def down(
     out.print("stack down" + (" (volumes removed)" if volumes else "; volumes and models kept"))
 
 
+model_app = typer.Typer(no_args_is_help=True, help="Models on a hub: plan every quant before downloading, then get one.")
+app.add_typer(model_app, name="model")
+
+
+def _hub(config, source: Optional[str]):
+    from kit import hub
+
+    text = source or config.model.source
+    if not text:
+        raise KitError("model.source", "no model source", "pass hf:ORG/REPO or set model.source in kit.yaml")
+    return hub.HfHub(hub.parse_source(text, "SOURCE" if source else "model.source"), config.mirrors.hf_endpoint)
+
+
+@model_app.command("list")
+def model_list(
+    source: Optional[str] = typer.Argument(None, metavar="[SOURCE]", help="hf:ORG/REPO[@REV] (default: model.source)."),
+    config_path: Optional[Path] = ConfigOpt,
+) -> None:
+    """Every GGUF in the repo, planned on this stack's GPUs from its header alone (never the weights)."""
+    from kit import hub, modelchoice
+
+    config = _config(config_path)
+    repo = _hub(config, source)
+    models = hub.gguf_models(repo.files())
+    if not models:
+        raise KitError("SOURCE", f"{repo.source} has no .gguf files",
+                       "pick a GGUF repo (llama.cpp serves GGUF), or convert the model with llama.cpp's tools")
+    choices, fetched = [], 0
+    for model in models:
+        choice, read = modelchoice.plan_remote(config, repo, model)
+        choices.append(choice)
+        fetched += read
+    best = modelchoice.recommend(choices)
+    gib = 2**30
+    table = Table("file", "parts", "quant", "GiB", "fits", "largest ctx",
+                  title=f"{repo.source} for {config.serve.concurrency} requests at ctx {config.model.ctx} on "
+                        f"{config.hardware.gpus} x {config.hardware.memory_gib:g} GiB")
+    for c in choices:
+        mark = " *" if c is best else ""
+        fits = c.problem or ("[green]yes[/]" if c.fits else "[bold red]no[/]")
+        table.add_row(c.model.name + mark, str(len(c.model.parts)), c.quant, f"{c.model.size / gib:.2f}", fits,
+                      str(c.plan.max_ctx) if c.plan else "-")
+    out.print(table)
+    total = sum(m.size for m in models)
+    print(f"read {fetched / 2**20:.1f} MiB of headers for {total / gib:.1f} GiB of files")
+    if best is None:
+        raise CheckFailed("no file fits this stack: serve fewer requests at once, shorten model.ctx, or add a GPU")
+    print(f"recommended: {best.model.name} (the largest that fits); get it with: kit model pull "
+          f"{repo.source} --file {best.model.name}")
+
+
+@model_app.command("pull")
+def model_pull(
+    source: Optional[str] = typer.Argument(None, metavar="[SOURCE]", help="hf:ORG/REPO[@REV] (default: model.source)."),
+    config_path: Optional[Path] = ConfigOpt,
+    file: Optional[str] = typer.Option(None, "--file", help="The GGUF to get (any part of a split one); default: "
+                                                            "the recommended one (kit model list)."),
+) -> None:
+    """Download into model.dir: resumable, every part of a split GGUF, sha256 checked; writes model.file back."""
+    from kit import configedit, hub, modelchoice
+
+    config = _config(config_path)
+    repo = _hub(config, source)
+    models = hub.gguf_models(repo.files())
+    if file:
+        model = next((m for m in models if file in [p.path for p in m.parts]), None)
+        if model is None:
+            raise KitError("--file", f"{repo.source} has no {file}",
+                           f"use one of {', '.join(m.name for m in models) or '(no .gguf files)'}")
+    else:
+        choices = [modelchoice.plan_remote(config, repo, m)[0] for m in models]
+        best = modelchoice.recommend(choices)
+        if best is None:
+            raise KitError("--file", f"no file of {repo.source} fits this stack",
+                           "pass --file to take one anyway, or see kit model list")
+        model = best.model
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    model_dir = Path(config.model.dir).expanduser()
+    with Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                  console=out, transient=True) as bar:
+        task = bar.add_task(model.name, total=model.size)
+        path = hub.pull(repo, model, model_dir, echo=bar.console.print,
+                        progress=lambda n: bar.advance(task, n))
+    print(f"model ready: {path}")
+    target = config_path or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
+    if target is not None:
+        configedit.set_field(Path(target), "model", "file", model.name)
+        if source:  # the next pull, plan or deploy finds it again
+            configedit.set_field(Path(target), "model", "source", str(repo.source))
+        print(f"{target}: model.file = {model.name}" + (f", model.source = {repo.source}" if source else ""))
+    else:
+        print(f"set model.file: {model.name} in your kit.yaml")
+
+
 panel_app = typer.Typer(no_args_is_help=True, help="1Panel: export local apps, check them, install through the API.")
 app.add_typer(panel_app, name="panel")
 

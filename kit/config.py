@@ -94,6 +94,8 @@ class Mirrors(Section):
     apt: str = Field("", description="Debian/Ubuntu mirror URL replacing deb.debian.org / archive.ubuntu.com.")
     pip_index: str = Field("", description="pip index URL used inside builds.")
     ca_bundle: str = Field("", description="PEM bundle on this host trusted inside builds (apt, pip, git).")
+    hf_endpoint: str = Field("", description="Hugging Face hub mirror for `kit model` (the HF_ENDPOINT convention), "
+                             "e.g. https://hf-mirror.com; empty = HF_ENDPOINT from the environment, else the hub.")
 
 
 class Build(Section):
@@ -107,10 +109,14 @@ class Build(Section):
 
 class Model(Section):
     dir: str = Field("./models", description="Host folder with the model; mounted read-only at /models.")
-    file: str = Field("Qwen3.8-27B-IQ4_XS.gguf", description="GGUF file or HF folder inside model.dir.")
+    file: str = Field("Qwen3.8-27B-IQ4_XS.gguf", description="GGUF file or HF folder inside model.dir (a split "
+                      "GGUF: its first part, NAME-00001-of-0000N.gguf).")
+    source: str = Field("", description="Where `kit model` gets it: hf:ORG/REPO[@REV], modelscope:ORG/REPO[@REV], "
+                        "or empty (the file is already in model.dir). Tokens come from the environment, never here.")
     name: str = Field("qwen3.8-27b", description="Name the API serves the model as.")
     format: Literal["gguf", "hf"] = Field("gguf", description="gguf for llama.cpp; hf (safetensors) for vLLM/NInfer.")
-    size_gib: float = Field(15.0, gt=0, description="Weights size, for the healthcheck start period and kit plan.")
+    size_gib: float = Field(15.0, gt=0, description="Weights size for the healthcheck start period while the model "
+                            "is not on this machine; once it is, its files' size is used.")
     dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="Volta has no bf16: float16.")
     ctx: int | Literal["auto"] = Field(
         16384, description="Longest single request in tokens (prompt + reply); every one of serve.concurrency "

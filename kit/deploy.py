@@ -103,16 +103,21 @@ def require_model(config: StackConfig) -> None:
     """Every engine's model is on this host and readable: else a missing file waits out the health timeout."""
     from kit import resolve
 
+    from kit.modelinfo import split_parts
+
     for name in config.engine_names():
         path = resolve.host_model_path(config, name)
         field = f"engines.{name}.model_file" if config.engine_settings(name).get("model_file") else "model.file"
-        if not path.exists():
-            raise KitError(field, f"{path} does not exist on this host",
-                           "put the model there, or fix model.dir / model.file in kit.yaml")
-        info = path.stat()
-        if path.is_file() and not info.st_mode & stat.S_IROTH and info.st_uid != ENGINE_UID:
-            raise KitError(field, f"{path} is not readable",
-                           f"chmod a+r {path} (the engine runs as uid 10001)")
+        fix = "put the model there, or fix model.dir / model.file in kit.yaml"
+        if config.model.source:
+            fix = f"get it with: kit model pull {config.model.source} --file {path.name}"
+        for part in [path.with_name(n) for n in split_parts(path.name)]:  # a split GGUF: every part
+            if not part.exists():
+                raise KitError(field, f"{part} does not exist on this host", fix)
+            info = part.stat()
+            if part.is_file() and not info.st_mode & stat.S_IROTH and info.st_uid != ENGINE_UID:
+                raise KitError(field, f"{part} is not readable",
+                               f"chmod a+r {part} (the engine runs as uid 10001)")
 
 
 def require_ports(config: StackConfig) -> None:
@@ -171,7 +176,7 @@ def deploy(config: StackConfig, out: Path, timeout_s: float | None = None,
     for note in resolve.notes(config):
         echo(f"note: {note}")
     _compose(out, "up", "-d", "--remove-orphans")
-    wait_healthy(config, timeout_s or max(120.0, 2.0 * 60 + 20 * config.model.size_gib), echo)
+    wait_healthy(config, timeout_s or max(120.0, 2.0 * 60 + 20 * resolve.model_size_gib(config)), echo)
     url = endpoint(config)
     echo(f"smoke: {smoke(url, api_key(out), config.model.name)}")
     return url

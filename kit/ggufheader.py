@@ -99,23 +99,28 @@ def _tensor_bytes(shape: tuple[int, ...], type_id: int) -> tuple[str, int]:
 
 def read(path: str | Path) -> Header:
     with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise GGUFError("no GGUF magic")
-        version = _read(f, "<I")
-        if version < 2:
-            raise GGUFError(f"GGUF version {version} is too old")
-        n_tensors, n_kv = _read(f, "<Q"), _read(f, "<Q")
-        header = Header(version)
-        for _ in range(n_kv):
-            key = _string(f)
-            header.keys[key] = _value(f, _read(f, "<I"), key, header)
-        for _ in range(n_tensors):
-            name = _string(f)
-            dims = tuple(_read(f, "<Q") for _ in range(_read(f, "<I")))
-            type_id = _read(f, "<I")
-            _read(f, "<Q")  # offset in the data section
-            type_name, nbytes = _tensor_bytes(dims, type_id)
-            header.tensors.append(Tensor(name, dims, type_id, type_name, nbytes))
-        alignment = int(header.get("general.alignment", 32) or 32)
-        header.data_offset = -(-f.tell() // alignment) * alignment
+        return read_stream(f)
+
+
+def read_stream(f: BinaryIO) -> Header:
+    """The header from any seekable binary stream: a file, or a remote file read by HTTP ranges (kit/hub.py)."""
+    if f.read(4) != b"GGUF":
+        raise GGUFError("no GGUF magic")
+    version = _read(f, "<I")
+    if version < 2:
+        raise GGUFError(f"GGUF version {version} is too old")
+    n_tensors, n_kv = _read(f, "<Q"), _read(f, "<Q")
+    header = Header(version)
+    for _ in range(n_kv):
+        key = _string(f)
+        header.keys[key] = _value(f, _read(f, "<I"), key, header)
+    for _ in range(n_tensors):
+        name = _string(f)
+        dims = tuple(_read(f, "<Q") for _ in range(_read(f, "<I")))
+        type_id = _read(f, "<I")
+        _read(f, "<Q")  # offset in the data section
+        type_name, nbytes = _tensor_bytes(dims, type_id)
+        header.tensors.append(Tensor(name, dims, type_id, type_name, nbytes))
+    alignment = int(header.get("general.alignment", 32) or 32)
+    header.data_offset = -(-f.tell() // alignment) * alignment
     return header

@@ -7,6 +7,7 @@ model with a 152k-token vocabulary is planned in well under a second.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,13 +49,47 @@ class ModelInfo:
         return {k: v for k, v in self.__dict__.items() if k != "tensors"}
 
 
+# llama.cpp's llama_split_path: PREFIX-%05d-of-%05d.gguf, numbered from 1; part 1 holds every key
+SPLIT = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def split_parts(name: str) -> list[str]:
+    """Every part's file name of a split GGUF (any part's name works), or ``[name]`` for a single file."""
+    match = SPLIT.match(name)
+    if not match:
+        return [name]
+    count = int(match["count"])
+    return [f"{match['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+def merge_parts(headers: list[Any]) -> Any:
+    """One header for a split model: part 1's keys, every part's tensors (gguf-split writes the keys once)."""
+    first = headers[0]
+    for other in headers[1:]:
+        first.tensors.extend(other.tensors)
+    return first
+
+
 def read_gguf(path: Path) -> ModelInfo:
     from kit import ggufheader
 
-    try:
-        header = ggufheader.read(path)
-    except (ggufheader.GGUFError, OSError) as exc:
-        raise KitError("MODEL", f"{path} is not a readable GGUF file ({exc})", "point kit plan at a .gguf model") from None
+    path = Path(path)
+    headers = []
+    for name in split_parts(path.name):
+        part = path.with_name(name)
+        if not part.is_file():
+            raise KitError("MODEL", f"{part} is missing: {path.name} is one part of a split model",
+                           "put every part in the same folder (kit model pull fetches them all)")
+        try:
+            headers.append(ggufheader.read(part))
+        except (ggufheader.GGUFError, OSError) as exc:
+            raise KitError("MODEL", f"{part} is not a readable GGUF file ({exc})",
+                           "point kit plan at a .gguf model") from None
+    return from_header(merge_parts(headers), str(path))
+
+
+def from_header(header: Any, path: str) -> ModelInfo:
+    """What kit plans with, from a GGUF header (a local file's, or one read by HTTP ranges)."""
     arch = str(header.get("general.architecture", "llama"))
 
     def meta(name: str, default: Any = None) -> Any:
@@ -86,7 +121,7 @@ def read_gguf(path: Path) -> ModelInfo:
     n_ff_raw = meta("feed_forward_length", 0)
     n_ff = int(max(n_ff_raw) if isinstance(n_ff_raw, list) else n_ff_raw or 0)
     return ModelInfo(
-        path=str(path), format="gguf", architecture=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        path=path, format="gguf", architecture=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
         n_head_kv=n_head_kv, head_dim=head_dim, n_ff=n_ff, n_vocab=vocab,
         context_length=int(meta("context_length", 0) or 0), sliding_window=window, swa_layers=swa, tensors=tensors,
         weights_bytes=sum(t.nbytes for t in tensors), file_type=str(header.get("general.file_type", "")),

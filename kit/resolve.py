@@ -77,6 +77,20 @@ def host_model_path(config: StackConfig, name: str) -> Path:
     return Path(config.model.dir).expanduser() / model_file(config, name)
 
 
+def model_size_gib(config: StackConfig) -> float:
+    """The primary's weights in GiB: the files' own size (every part of a split GGUF) when they are on this
+    machine, else model.size_gib (what the user expects to put there)."""
+    from kit.modelinfo import split_parts
+
+    path = host_model_path(config, config.stack.primary)
+    parts = [path.with_name(n) for n in split_parts(path.name)]
+    if path.is_dir():
+        parts = [p for p in path.rglob("*") if p.is_file()]
+    if parts and all(p.is_file() for p in parts):
+        return sum(p.stat().st_size for p in parts) / 2**30
+    return config.model.size_gib
+
+
 def flavor(config: StackConfig, name: str) -> str:
     value = config.engine_settings(name)["flavor"]
     record = catalog.get(name)

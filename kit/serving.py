@@ -72,7 +72,9 @@ def environment(config: StackConfig, name: str) -> dict[str, str]:
 
 def start_period_s(config: StackConfig) -> int:
     """Time before failed health checks count: 60 s plus 10 s per GiB of weights (a 15 GB model from a SATA SSD)."""
-    return int(60 + 10 * config.model.size_gib)
+    from kit import resolve
+
+    return int(60 + 10 * resolve.model_size_gib(config))
 
 
 def flavor(config: StackConfig, name: str) -> str:

@@ -115,17 +115,57 @@ def add_real_size_vocab(writer, n_vocab: int) -> None:
 
 
 def write_sparse_27b(path: Path, quant: str = "IQ4_XS", shapes: dict | None = None, *, arch: str = "qwen3",
-                     vocab: bool = False, extra: dict | None = None) -> Path:
+                     vocab: bool = False, extra: dict | None = None, split: tuple[int, int] | None = None) -> Path:
     """Header and tensor table of a real-shaped 27B GGUF; the data region is a hole (sparse file).
 
     ``vocab``: add a real-size tokenizer (151,936 tokens); ``arch: llama`` makes a file llama.cpp loads (the
-    qwen3 architecture would also want q/k norm tensors)."""
+    qwen3 architecture would also want q/k norm tensors). ``split=(no, count)``: part ``no`` (0-based) of ``count``
+    as llama.cpp's gguf-split writes them (examples/gguf-split: every part has ``split.no``, ``split.count`` and
+    ``split.tensors.count``; only part 0 has the model's keys; the tensors are dealt out in order)."""
     import gguf
 
     s = shapes or SHAPES_27B
     qtype = gguf.GGMLQuantizationType[quant]
     block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    all_tensors = tensor_shapes(s)
+    tensors = all_tensors
+    if split is not None:
+        no, count = split
+        per = -(-len(all_tensors) // count)
+        tensors = all_tensors[no * per:(no + 1) * per]
     writer = gguf.GGUFWriter(str(path), arch)
+    if split is not None:
+        writer.add_uint16("split.no", split[0])
+        writer.add_uint16("split.count", split[1])
+        writer.add_int32("split.tensors.count", len(all_tensors))
+    if split is not None and split[0] > 0:
+        writer.kv_data[0].pop("general.architecture", None)  # later parts carry the split keys only
+    else:
+        _model_keys(writer, s, vocab, extra)
+    for name, shape in tensors:
+        n = int(np.prod(shape))
+        if len(shape) == 1:
+            writer.add_tensor_info(name, shape, np.dtype(np.float32), n * 4, gguf.GGMLQuantizationType.F32)
+        else:
+            byte_shape = (*shape[:-1], shape[-1] // block * block_bytes)
+            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), n // block * block_bytes, qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    size = path.stat().st_size
+    alignment = 32
+    data = 0
+    for _name, shape in tensors:
+        n = int(np.prod(shape))
+        nbytes = n * 4 if len(shape) == 1 else n // block * block_bytes
+        data += (nbytes + alignment - 1) // alignment * alignment
+    with open(path, "r+b") as f:
+        f.truncate((size + alignment - 1) // alignment * alignment + data)
+    return path
+
+
+def _model_keys(writer, s: dict, vocab: bool, extra: dict | None) -> None:
     writer.add_name("kit-sparse-27b")
     writer.add_context_length(s["ctx"])
     writer.add_embedding_length(s["n_embd"])
@@ -141,24 +181,3 @@ def write_sparse_27b(path: Path, quant: str = "IQ4_XS", shapes: dict | None = No
         add_real_size_vocab(writer, s["n_vocab"])
     for key, value in (extra or {}).items():
         writer.add_uint32(key, value)
-    for name, shape in tensor_shapes(s):
-        n = int(np.prod(shape))
-        if len(shape) == 1:
-            writer.add_tensor_info(name, shape, np.dtype(np.float32), n * 4, gguf.GGMLQuantizationType.F32)
-        else:
-            byte_shape = (*shape[:-1], shape[-1] // block * block_bytes)
-            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), n // block * block_bytes, qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    writer.close()
-    size = path.stat().st_size
-    alignment = 32
-    data = 0
-    for _name, shape in tensor_shapes(s):
-        n = int(np.prod(shape))
-        nbytes = n * 4 if len(shape) == 1 else n // block * block_bytes
-        data += (nbytes + alignment - 1) // alignment * alignment
-    with open(path, "r+b") as f:
-        f.truncate((size + alignment - 1) // alignment * alignment + data)
-    return path

@@ -1,0 +1,67 @@
+"""``kit model list``: every GGUF in a repo planned against this stack from its header alone, and the one to take.
+
+Each model's header (every part's, for a split one) is read through HTTP ranges (kit/hub.py), turned into the same
+``ModelInfo`` a local file gives, and planned by ``kit plan`` for llama.cpp at the stack's context and concurrency.
+The recommendation is the largest file that fits: on these cards the bigger quant is the better one, as long as
+the KV cache for every slot still fits beside it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kit import ggufheader, modelinfo, plan
+from kit.config import StackConfig
+from kit.hub import HfHub, RemoteModel
+
+# quant names as they appear in GGUF file names (Q4_K_M, IQ4_XS, Q8_0, F16, BF16, ...)
+QUANT_IN_NAME = re.compile(r"(?i)[-_.]((?:I?Q\d(?:_[A-Z0-9]+)*)|BF16|F16|F32)(?=[-_.])")
+
+
+@dataclass
+class Choice:
+    model: RemoteModel
+    quant: str
+    plan: plan.Plan | None
+    problem: str = ""  # why it could not be planned
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None and self.plan.fits
+
+
+def quant_name(file_type: str, name: str) -> str:
+    """The header's general.file_type (llama.cpp's LlamaFileType) by name; the file name's when there is none."""
+    import gguf
+
+    if file_type.isdigit():
+        try:
+            return gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+        except ValueError:
+            pass
+    found = QUANT_IN_NAME.search(name.rsplit("/", 1)[-1] + ".")
+    return found.group(1).upper() if found else "?"
+
+
+def plan_remote(config: StackConfig, hub: HfHub, model: RemoteModel) -> tuple[Choice, int]:
+    """One model planned from its headers; the bytes read to do it."""
+    headers, fetched = [], 0
+    try:
+        for part in model.parts:
+            reader = hub.open(part)
+            headers.append(ggufheader.read_stream(reader))
+            fetched += reader.fetched
+    except ggufheader.GGUFError as exc:
+        return Choice(model, "?", None, f"not a GGUF header this reader knows ({exc})"), fetched
+    if model.missing:
+        return Choice(model, "?", None, f"the repo lacks part(s) {', '.join(model.missing)}"), fetched
+    info = modelinfo.from_header(modelinfo.merge_parts(headers), f"{hub.source}/{model.name}")
+    ctx = config.model.ctx if isinstance(config.model.ctx, int) else None
+    return Choice(model, quant_name(info.file_type, model.name), plan.make_plan(config, info, "llama.cpp", ctx)), fetched
+
+
+def recommend(choices: list[Choice]) -> Choice | None:
+    """The largest model that fits at the stack's context and concurrency."""
+    fitting = [c for c in choices if c.fits]
+    return max(fitting, key=lambda c: c.model.size) if fitting else None
