@@ -60,10 +60,17 @@ class RuntimeInputs(_Record):
     prefix: str = "/app"
 
 
+class QuantNeed(_Record):
+    arch: int  # the lowest SM architecture the engine's kernels for this checkpoint format run on
+    source: str
+
+
 class Supports(_Record):
     dtypes: list[str] = Field(default_factory=list)
     model_formats: list[str] = Field(default_factory=list)
     cuda_max_for_arch: dict[int, str] = Field(default_factory=dict)
+    # an HF checkpoint's quantization_config.quant_method -> what its kernels need (kit model list reads config.json)
+    quant_methods: dict[str, QuantNeed] = Field(default_factory=dict)
 
 
 class ModelDependent(_Record):

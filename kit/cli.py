@@ -309,7 +309,19 @@ def model_list(
 
     config = _config(config_path)
     repo = _hub(config, source)
-    models = hub.gguf_models(repo.files())
+    files = repo.files()
+    models = hub.gguf_models(files)
+    config_json = next((f for f in files if f.path == "config.json"), None)
+    if not models and config_json is not None:  # a Hugging Face checkpoint: what the stack's engines make of it
+        import json as jsonlib
+
+        hf_config = jsonlib.loads(repo.open(config_json).read())
+        verdicts = modelchoice.hf_verdicts(config, hf_config)
+        for v in verdicts:
+            print(f"{'ok' if v.ok else 'no'}: {v.text}")
+        if not any(v.ok for v in verdicts):
+            raise CheckFailed(f"no engine of this stack can serve {repo.source} on these GPUs")
+        return
     if not models:
         raise KitError("SOURCE", f"{repo.source} has no .gguf files",
                        "pick a GGUF repo (llama.cpp serves GGUF), or convert the model with llama.cpp's tools")

@@ -65,3 +65,38 @@ def recommend(choices: list[Choice]) -> Choice | None:
     """The largest model that fits at the stack's context and concurrency."""
     fitting = [c for c in choices if c.fits]
     return max(fitting, key=lambda c: c.model.size) if fitting else None
+
+
+@dataclass
+class HfVerdict:
+    engine: str
+    ok: bool
+    text: str
+
+
+def hf_verdicts(config: StackConfig, hf_config: dict) -> list[HfVerdict]:
+    """What each HF-format engine of the stack makes of a checkpoint's config.json on these GPUs (the engine's
+    ``supports.quant_methods``); llama.cpp-only stacks are told to take a GGUF."""
+    from kit import catalog
+
+    engines = [n for n in config.engine_names() if "hf" in catalog.get(n).supports.model_formats]
+    if not engines:
+        return [HfVerdict(config.stack.primary, False, f"{config.stack.primary} serves GGUF files, and this repo has "
+                          "a Hugging Face checkpoint (config.json): take a GGUF repo of the model, or set "
+                          "stack.primary: vllm")]
+    text_config = hf_config.get("text_config", hf_config)
+    method = str((hf_config.get("quantization_config") or {}).get("quant_method") or "")
+    dtype = str(hf_config.get("torch_dtype") or text_config.get("torch_dtype") or "")
+    arch = min(config.hardware.archs) if config.hardware.archs else 0
+    out = []
+    for name in engines:
+        need = catalog.get(name).supports.quant_methods.get(method)
+        if need is not None and arch < need.arch:
+            out.append(HfVerdict(name, False, f"{name} cannot serve {method} checkpoints on sm_{arch}: its kernels "
+                                 f"need sm_{need.arch}+ ({need.source}); take a GPTQ or GGUF build of this model"))
+            continue
+        said = f"{name} can serve it ({method or 'not quantized'})"
+        if dtype == "bfloat16" and arch < 80:
+            said += f"; its bf16 weights are served as float16 on sm_{arch} (model.dtype: float16)"
+        out.append(HfVerdict(name, True, said))
+    return out

@@ -291,3 +291,29 @@ def test_the_model_size_comes_from_its_files_once_they_are_here(tmp_path):
         with open(tmp_path / f"m-{i:05d}-of-00002.gguf", "wb") as f:
             f.truncate(size)
     assert resolve.model_size_gib(config) == 4.0 and serving.start_period_s(config) == 60 + 40
+
+
+@pytest.mark.parametrize("hf_config,primary,code,said", [
+    # the seeds' vLLM command: an AWQ checkpoint on V100s
+    ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "vllm", 1,
+     "no: vllm cannot serve awq checkpoints on sm_70: its kernels need sm_75+ (vllm#1488, #4202"),
+    ({"quantization_config": {"quant_method": "compressed-tensors"}}, "vllm", 1, "need sm_80+ (llm-compressor#1258"),
+    ({"quantization_config": {"quant_method": "fp8"}}, "vllm", 1, "need sm_80+"),
+    ({"quantization_config": {"quant_method": "gptq", "bits": 4}, "torch_dtype": "bfloat16"}, "vllm", 0,
+     "ok: vllm can serve it (gptq); its bf16 weights are served as float16 on sm_70"),
+    ({"torch_dtype": "float16"}, "llama.cpp", 1, "llama.cpp serves GGUF files"),
+])
+def test_an_hf_checkpoint_is_judged_by_the_engines_kernels(servers, tmp_path, hf_config, primary, code, said):
+    import json
+
+    stand_in, _, endpoint = servers
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], **hf_config}))
+    name = f"kit-test/hf-{tmp_path.name}"
+    stand_in.add(name, Repo({"config.json": tmp_path / "config.json"}))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "kit.yaml").write_text(f"preset: dual-v100-nvlink\nstack: {{primary: {primary}}}\n"
+                                   f"mirrors: {{hf_endpoint: {endpoint}}}\n")
+    result = run_kit("model", "list", f"hf:{name}", "-c", "kit.yaml", cwd=work)
+    assert result.returncode == code, result.stdout + result.stderr
+    assert said in result.stdout, result.stdout
