@@ -299,6 +299,20 @@ def _hub(config, source: Optional[str]):
     return hub.HfHub(hub.parse_source(text, "SOURCE" if source else "model.source"), config.mirrors.hf_endpoint)
 
 
+def _remote_info(config, source: str, file: Optional[str]):
+    """A hub file's ModelInfo from its header (every part's, for a split GGUF)."""
+    from kit import ggufheader, hub, modelinfo
+
+    repo = _hub(config, source)
+    models = hub.gguf_models(repo.files())
+    model = next((m for m in models if file in [p.path for p in m.parts]), None) if file else None
+    if model is None:
+        raise KitError("--file", f"name one of {repo.source}'s GGUF files" if not file else f"{repo.source} has no {file}",
+                       f"use one of {', '.join(m.name for m in models) or '(none)'} (kit model list plans them all)")
+    headers = [ggufheader.read_stream(repo.open(part)) for part in model.parts]
+    return modelinfo.from_header(modelinfo.merge_parts(headers), f"{repo.source}/{model.name}")
+
+
 @model_app.command("list")
 def model_list(
     source: Optional[str] = typer.Argument(None, metavar="[SOURCE]", help="hf:ORG/REPO[@REV] (default: model.source)."),
@@ -470,6 +484,8 @@ def plan(
     ctx: Optional[int] = typer.Option(None, "--ctx", help="Context to plan (default: model.ctx)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     stack: bool = typer.Option(False, "--stack", help="Primary and fallback together on the same GPUs."),
+    file: Optional[str] = typer.Option(None, "--file", help="With MODEL = hf:ORG/REPO: the GGUF in that repo, planned "
+                                                            "from its header (HTTP ranges, never the weights)."),
 ) -> None:
     """Will it fit? Per-GPU weights, KV cache, compute and overhead; the largest context; the cheapest fix."""
     import json as jsonlib
@@ -497,7 +513,10 @@ def plan(
             raise CheckFailed(f"the stack does not fit together: {together.fix(config)}")
         return
     name = engine or config.stack.primary
-    info = modelinfo.read(planner.model_path(config, name, model_file))
+    if model_file and model_file.startswith(("hf:", "modelscope:")):
+        info = _remote_info(config, model_file, file)
+    else:
+        info = modelinfo.read(planner.model_path(config, name, model_file))
     result = planner.make_plan(config, info, name, ctx)
     if as_json:
         print(jsonlib.dumps(result.as_dict(), indent=2))

@@ -317,3 +317,20 @@ def test_an_hf_checkpoint_is_judged_by_the_engines_kernels(servers, tmp_path, hf
     result = run_kit("model", "list", f"hf:{name}", "-c", "kit.yaml", cwd=work)
     assert result.returncode == code, result.stdout + result.stderr
     assert said in result.stdout, result.stdout
+
+
+def test_plan_takes_a_hub_file_like_a_local_one(servers, quants, tmp_path):
+    import json
+
+    _, _, endpoint = servers
+    folder, files = quants
+    kit_yaml(tmp_path, endpoint)
+    remote = run_kit("plan", f"hf:{REPO}", "--file", "Q8_0/Qwen-27B-Q8_0-00002-of-00003.gguf", "--json", "-c",
+                     "kit.yaml", cwd=tmp_path)
+    assert remote.returncode == 1, remote.stderr  # 27 GiB of weights do not fit 2 x 16 GiB at 4 x 16K
+    local = run_kit("plan", str(files["Qwen-27B-IQ4_XS.gguf"]), "--json", "-c", "kit.yaml", cwd=tmp_path)
+    hub_iq4 = run_kit("plan", f"hf:{REPO}", "--file", "Qwen-27B-IQ4_XS.gguf", "--json", "-c", "kit.yaml", cwd=tmp_path)
+    assert local.returncode == hub_iq4.returncode == 0, hub_iq4.stderr
+    assert json.loads(local.stdout)["gpus"] == json.loads(hub_iq4.stdout)["gpus"]
+    missing = run_kit("plan", f"hf:{REPO}", "-c", "kit.yaml", cwd=tmp_path)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: --file: name one of hf:kit-test/Qwen-27B-GGUF")
