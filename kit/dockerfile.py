@@ -189,7 +189,8 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
             "runtime_wheels": [w + cuda_pin for w in CUDA_RUNTIME_WHEELS] if wheels else [],
         },
         "nccl": nccl,
-        "archs": {"list": arch_list, "cmake": archs.cmake(arch_list), "torch": archs.torch(arch_list)},
+        "archs": {"list": arch_list, "cmake": archs.cmake(arch_list), "torch": archs.torch(arch_list),
+                  "sm": [f"sm_{a}" for a in arch_list]},  # how torch._C._cuda_getArchFlags() names them
         "jobs": config.build_jobs(),
         "cmake_flags": sorted(cmake_flags.items()),
         "backend": backend,
@@ -229,7 +230,8 @@ def render_files(config: StackConfig, name: str) -> dict[str, str | Path]:
     }
     if ctx["gpu"]:
         linked = ["nccl-linked.sh"] if engine.recipe == "cmake" and ctx["nccl"] else []  # reads CMake's cache
-        for helper in ["nccl-version.c", "nccl-check.sh", *linked]:
+        torch = ["torch-archs.py"] if engine.recipe == "torch-source" else []  # checks torch before the compile
+        for helper in ["nccl-version.c", "nccl-check.sh", *linked, *torch]:
             files[f"kit/{helper}"] = (paths.templates_dir() / "dockerfile" / "context" / helper).read_text()
     if ca:
         files["kit/ca.crt"] = Path(ca)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,30 @@ def test_linked_fails_when_cmake_found_no_nccl(probe, tmp_path):
     # FindNCCL.cmake without NCCL_ROOT: find_path/find_library leave <VAR>-NOTFOUND and GGML_USE_NCCL is not set
     result, _ = linked(probe, tmp_path, "NCCL_INCLUDE_DIR-NOTFOUND", "NCCL_LIBRARY-NOTFOUND")
     assert result.returncode == 1 and "the build found no NCCL" in result.stderr
+
+
+def torch_archs(tmp_path: Path, flags: str, *want: str) -> subprocess.CompletedProcess[str]:
+    """torch-archs.py against a stand-in `torch` module: torch._C._cuda_getArchFlags() returns the space-separated
+    list torch was built with (torch/cuda/__init__.py get_arch_list splits it)."""
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "__init__.py").write_text(f'__version__ = "2.8.0+cu128"\nclass _C:\n    @staticmethod\n'
+                                      f'    def _cuda_getArchFlags():\n        return {flags!r}\n')
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake")}
+    return subprocess.run([sys.executable, str(CONTEXT / "torch-archs.py"), *want], capture_output=True, text=True,
+                          env=env)
+
+
+def test_torch_archs_passes_when_torch_carries_the_arch(tmp_path):
+    # torch 2.8.0's cu128 wheels: 7.0;7.5;8.0;8.6;9.0;10.0;12.0 (pytorch#160269)
+    result = torch_archs(tmp_path, "sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120 compute_120", "sm_70")
+    assert result.returncode == 0 and result.stdout.startswith("kit: torch 2.8.0+cu128 carries sm_70 ("), result
+
+
+def test_torch_archs_fails_when_volta_is_gone(tmp_path):
+    # what a real torch 2.11.0+cu130 answered on the lent H200 host (2026-12-03):
+    # torch._C._cuda_getArchFlags() == 'sm_75 sm_80 sm_86 sm_90 sm_100 sm_120'; the same script there said rc=1
+    result = torch_archs(tmp_path, "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120", "sm_70")
+    assert result.returncode == 1
+    assert "was built for sm_75 sm_80 sm_86 sm_90 sm_100 sm_120, not sm_70" in result.stderr
+    assert torch_archs(tmp_path, "", "sm_70").returncode == 1  # a CPU-only torch
