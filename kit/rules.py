@@ -72,10 +72,14 @@ def version_at_least_with_arch_below(f: Facts, p: dict[str, Any]) -> dict[str, A
 
 @check
 def value_in_with_arch_below(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+    """A value that drops the arch; with ``version_field`` only from ``version_min`` of that version on."""
     value, arch = f.get(p["field"], _MISSING), min_arch(f)
-    if value is _MISSING or arch is None or arch >= p["arch_below"]:
+    if value is _MISSING or arch is None or arch >= p["arch_below"] or value not in p["values"]:
         return None
-    return {"value": value, "arch": arch} if value in p["values"] else None
+    version = _version_text(f.get(p["version_field"], "")) if "version_field" in p else ""
+    if version and is_version(version) and not at_least(version, p["version_min"]):
+        return None
+    return {"value": value, "arch": arch, "version": version}
 
 
 @check

@@ -25,9 +25,9 @@ RULE_CASES = {
         "engines.vllm.ref: vLLM v0.31.0 requires compute capability 7.5+, not sm_70; pin engines.vllm.ref: v0.11.0",
     ),
     "torch-variant-drops-volta": (
-        {"stack": {"primary": "vllm"}, "engines": {"vllm": {"torch_variant": "cu128"}}},
-        "engines.vllm.torch_variant: torch cu128 wheels no longer ship sm_70 kernels; "
-        "set engines.vllm.torch_variant: cu126",
+        {"stack": {"primary": "vllm"}, "engines": {"vllm": {"torch_variant": "cu128", "torch": "2.11.0"}}},
+        "engines.vllm.torch_variant: torch 2.11.0 cu128 wheels no longer ship sm_70 kernels; "
+        "set engines.vllm.torch_variant: cu126, or a torch below 2.11 (its cu128 wheels still carry sm_70)",
     ),
     "no-bf16-before-ampere": (
         {"model": {"dtype": "bfloat16"}},
@@ -245,9 +245,9 @@ def test_debian_cuda_version_picks_the_release_and_its_compiler():
 def test_rules_read_only_the_engines_in_the_stack():
     # vLLM's torch variant without Volta is refused when vLLM serves, and ignored when it is not in the stack
     with pytest.raises(KitError) as err:
-        make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"torch_variant": "cu128"}}})
+        make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"torch_variant": "cu130", "torch": "2.11.0"}}})
     assert err.value.field == "engines.vllm.torch_variant"
-    make_config({"engines": {"vllm": {"torch_variant": "cu128"}}})  # llama.cpp serves: no error
+    make_config({"engines": {"vllm": {"torch_variant": "cu130", "torch": "2.11.0"}}})  # llama.cpp serves: no error
 
 
 def test_a_git_ref_with_a_leading_v_is_compared_as_its_version():
@@ -256,3 +256,9 @@ def test_a_git_ref_with_a_leading_v_is_compared_as_its_version():
         make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"ref": "v0.31.0"}}})
     assert err.value.field == "engines.vllm.ref"
     make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"ref": "v0.11.0"}}})
+
+
+def test_torch_cu128_keeps_volta_below_2_11():
+    # 2.8.0 and 2.10.0 on PyPI are cu128 builds (their nvidia-cuda-runtime-cu12==12.8.90 requirement) with sm_70
+    for torch in ("2.8.0", "2.10.0"):
+        make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"torch_variant": "cu128", "torch": torch}}})
