@@ -12,6 +12,10 @@ from pathlib import Path
 import yaml
 
 
+# a YAML scalar on one line: quoted (a '#' inside is not a comment) or plain (up to a comment: space, then '#')
+VALUE = r"'(?:[^']|'')*'|\"(?:[^\"\\]|\\.)*\"|.*?"
+
+
 def _scalar(value: str) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
@@ -35,7 +39,7 @@ def set_field(path: Path, section: str, key: str, value: str) -> None:
         line = lines[i]
         if line.strip() and not line.startswith((" ", "\t", "#")):
             break  # the next top-level key: the field is not in this section
-        match = re.match(rf"^(\s+){re.escape(key)}:(\s*)([^#\n]*?)(\s*#.*)?\n?$", line)
+        match = re.match(rf"^(\s+){re.escape(key)}:(\s*)({VALUE})(\s+#.*)?\n?$", line)
         if match:
             lines[i] = f"{match.group(1)}{key}: {text}{match.group(4) or ''}\n"
             break

@@ -1,0 +1,46 @@
+"""kit.configedit: one field of a user's kit.yaml changed in place; every other byte stays as the user wrote it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit.configedit import set_field
+
+
+@pytest.mark.parametrize("before,after", [
+    # the block kit init writes: the value changes, the comment and the other lines stay
+    ("# mine\nmodel:\n  dir: ./models   # where\n  file: old.gguf    # the file\n  name: x\nserve:\n  port: 1\n",
+     "# mine\nmodel:\n  dir: ./models   # where\n  file: new.gguf    # the file\n  name: x\nserve:\n  port: 1\n"),
+    # no file line in the block: added first in the block, never in the next section
+    ("model:\n  dir: ./m\nother:\n  file: keep\n", "model:\n  file: new.gguf\n  dir: ./m\nother:\n  file: keep\n"),
+    # the section is the last line
+    ("preset: cpu\nmodel:\n", "preset: cpu\nmodel:\n  file: new.gguf\n"),
+    # a flow mapping is rewritten on its own line
+    ("preset: cpu\nmodel: {dir: ./m}\n", "preset: cpu\nmodel: {dir: ./m, file: new.gguf}\n"),
+    # no section: appended
+    ("preset: cpu\n", "preset: cpu\nmodel:\n  file: new.gguf\n"),
+    ("preset: cpu", "preset: cpu\nmodel:\n  file: new.gguf\n"),
+    # a commented-out line inside the block is not the field
+    ("model:\n  # file: example.gguf\n  dir: ./m\n", "model:\n  file: new.gguf\n  # file: example.gguf\n  dir: ./m\n"),
+    # a comment at the start of a line inside the block does not end the block
+    ("model:\n  dir: ./m\n# the model I use\n  file: old.gguf\n", "model:\n  dir: ./m\n# the model I use\n  file: new.gguf\n"),
+    # the users' comments are often Chinese: kept byte for byte
+    ("model:\n  file: old.gguf  # 模型文件\n", "model:\n  file: new.gguf  # 模型文件\n"),
+    # a key that only ends in "file" is another field
+    ("model:\n  profile: a\n", "model:\n  file: new.gguf\n  profile: a\n"),
+])
+def test_set_field(tmp_path, before, after):
+    path = tmp_path / "kit.yaml"
+    path.write_text(before)
+    set_field(path, "model", "file", "new.gguf")
+    assert path.read_text() == after
+
+
+def test_values_that_need_quotes_are_quoted(tmp_path):
+    import yaml
+
+    path = tmp_path / "kit.yaml"
+    path.write_text("model:\n  file: a\n")
+    for value in ("yes", "1.5", "a: b", "#x", "hf:org/repo@v1"):
+        set_field(path, "model", "file", value)
+        assert yaml.safe_load(path.read_text())["model"]["file"] == value, path.read_text()
