@@ -331,10 +331,19 @@ def model_list(
 
         hf_config = jsonlib.loads(repo.open(config_json).read())
         verdicts = modelchoice.hf_verdicts(config, hf_config)
+        weights = sum(f.size for f in files if f.path.endswith(".safetensors"))
+        fits = False
         for v in verdicts:
             print(f"{'ok' if v.ok else 'no'}: {v.text}")
+            if v.ok and weights:
+                p = modelchoice.plan_hf(config, v.engine, hf_config, weights, str(repo.source))
+                fits = fits or p.fits
+                print(f"  {v.engine}: {weights / 2**30:.2f} GiB of weights; {p.serves}: "
+                      + ("fits" if p.fits else f"does not fit ({p.fix})"))
         if not any(v.ok for v in verdicts):
             raise CheckFailed(f"no engine of this stack can serve {repo.source} on these GPUs")
+        if weights and not fits:
+            raise CheckFailed(f"{repo.source} does not fit this stack's GPUs")
         return
     if not models:
         raise KitError("SOURCE", f"{repo.source} has no .gguf files",

@@ -100,3 +100,11 @@ def hf_verdicts(config: StackConfig, hf_config: dict) -> list[HfVerdict]:
             said += f"; its bf16 weights are served as float16 on sm_{arch} (model.dtype: float16)"
         out.append(HfVerdict(name, True, said))
     return out
+
+
+def plan_hf(config: StackConfig, engine: str, hf_config: dict, weights: int, label: str) -> plan.Plan:
+    """A hub checkpoint planned for a tensor-parallel engine from its config.json and its weights' size (the
+    repo's *.safetensors files, as the tree lists them)."""
+    info = modelinfo.from_hf_config(hf_config, weights, label)
+    ctx = config.model.ctx if isinstance(config.model.ctx, int) else None
+    return plan.make_plan(config, info, engine, ctx)

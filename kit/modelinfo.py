@@ -134,21 +134,27 @@ def read_hf(folder: Path) -> ModelInfo:
     if not config_file.is_file():
         raise KitError("MODEL", f"{folder} has no config.json", "point kit plan at a Hugging Face model folder")
     cfg = json.loads(config_file.read_text(encoding="utf-8"))
-    cfg = cfg.get("text_config", cfg)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         weights = int(json.loads(index.read_text(encoding="utf-8")).get("metadata", {}).get("total_size", 0))
     else:
         weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-    n_head = int(cfg["num_attention_heads"])
-    n_embd = int(cfg["hidden_size"])
+    return from_hf_config(cfg, weights, str(folder))
+
+
+def from_hf_config(cfg: dict[str, Any], weights: int, path: str) -> ModelInfo:
+    """What kit plans with, from a checkpoint's config.json and its weights' size (a local folder, or a hub repo's
+    file sizes)."""
+    text = cfg.get("text_config", cfg)
+    n_head = int(text["num_attention_heads"])
+    n_embd = int(text["hidden_size"])
     return ModelInfo(
-        path=str(folder), format="hf", architecture=str((cfg.get("architectures") or ["?"])[0]),
-        n_layer=int(cfg["num_hidden_layers"]), n_embd=n_embd, n_head=n_head,
-        n_head_kv=int(cfg.get("num_key_value_heads", n_head)), head_dim=int(cfg.get("head_dim") or n_embd // n_head),
-        n_ff=int(cfg.get("intermediate_size", 0)), n_vocab=int(cfg.get("vocab_size", 0)),
-        context_length=int(cfg.get("max_position_embeddings", 0)), sliding_window=int(cfg.get("sliding_window") or 0),
-        weights_bytes=weights,
+        path=path, format="hf", architecture=str((cfg.get("architectures") or ["?"])[0]),
+        n_layer=int(text["num_hidden_layers"]), n_embd=n_embd, n_head=n_head,
+        n_head_kv=int(text.get("num_key_value_heads", n_head)), head_dim=int(text.get("head_dim") or n_embd // n_head),
+        n_ff=int(text.get("intermediate_size", 0)), n_vocab=int(text.get("vocab_size", 0)),
+        context_length=int(text.get("max_position_embeddings", 0)),
+        sliding_window=int(text.get("sliding_window") or 0), weights_bytes=weights,
     )
 
 

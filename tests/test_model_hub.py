@@ -334,3 +334,30 @@ def test_plan_takes_a_hub_file_like_a_local_one(servers, quants, tmp_path):
     assert json.loads(local.stdout)["gpus"] == json.loads(hub_iq4.stdout)["gpus"]
     missing = run_kit("plan", f"hf:{REPO}", "-c", "kit.yaml", cwd=tmp_path)
     assert missing.returncode == 2 and missing.stderr.startswith("error: --file: name one of hf:kit-test/Qwen-27B-GGUF")
+
+
+# Qwen2.5-7B-Instruct's config.json (the published values planning reads), with a GPTQ quantization_config added
+QWEN_7B = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
+           "max_position_embeddings": 32768, "num_attention_heads": 28, "num_hidden_layers": 28,
+           "num_key_value_heads": 4, "vocab_size": 152064, "torch_dtype": "bfloat16",
+           "quantization_config": {"quant_method": "gptq", "bits": 4}}
+
+
+def test_an_hf_checkpoint_that_runs_is_planned_for_vllm(servers, tmp_path):
+    import json
+
+    stand_in, _, endpoint = servers
+    (tmp_path / "config.json").write_text(json.dumps(QWEN_7B))
+    weights = tmp_path / "model.safetensors"
+    with open(weights, "wb") as f:
+        f.truncate(5 * 2**30)  # 5 GiB, sparse: listed by size, never downloaded
+    name = f"kit-test/hf7b-{tmp_path.name}"
+    stand_in.add(name, Repo({"config.json": tmp_path / "config.json", "model.safetensors": weights},
+                            {"model.safetensors": "f" * 64}))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "kit.yaml").write_text(f"preset: dual-v100-nvlink\nstack: {{primary: vllm}}\n"
+                                   f"mirrors: {{hf_endpoint: {endpoint}}}\n")
+    result = run_kit("model", "list", f"hf:{name}", "-c", "kit.yaml", cwd=work)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "vllm: 5.00 GiB of weights; 4 concurrent requests of up to 16384 tokens each: fits" in result.stdout
