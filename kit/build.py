@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from kit import catalog, dockerfile, dockerhost, render
+from kit import catalog, dockerfile, dockerhost, imagetag, render
 from kit.config import StackConfig
 from kit.errors import CheckFailed, KitError
 
@@ -164,7 +164,7 @@ class Progress:
 def build_engine(config: StackConfig, name: str, *, source: Path | None = None, target: str = "runtime",
                  no_cache: bool = False, push: bool = False, tag: str | None = None,
                  echo: Callable[[str], None] = print, verbose: bool = False) -> BuildResult:
-    base_tag = tag or dockerfile.image_tag(config, name)
+    base_tag = tag or imagetag.image_tag(config, name)
     full_tag = base_tag if target == "runtime" or tag else f"{base_tag}-{target}"
     jobs = config.build_jobs()
     started = time.monotonic()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kit import __version__, archs, catalog, cudasource, serving
+from kit.imagetag import engine_cuda_version
 from kit.config import StackConfig
 from kit.errors import KitError
 from kit.versions import major_minor
@@ -22,11 +23,6 @@ CUDA_RUNTIME_WHEELS = ["nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12"]
 DEBIAN_BASE = "debian:bookworm-slim"
 PIP_PACKAGES = ["python3", "python3-pip"]
 USER = {"name": "kit", "uid": 10001, "home": "/home/kit"}
-
-
-def engine_cuda_version(config: StackConfig, name: str) -> str:
-    """An engine may need its own toolkit (vLLM keeps sm_70 only below CUDA 12.8); the stack's otherwise."""
-    return str(config.engine_settings(name).get("cuda") or config.cuda.version)
 
 
 def base_images(config: StackConfig, name: str, gpu: bool) -> dict[str, str]:
@@ -69,19 +65,6 @@ def nccl_facts(config: StackConfig, name: str) -> dict[str, Any]:
         "pip_lib": f"{root}/lib",
         "so_path": "/usr/lib/x86_64-linux-gnu/libnccl.so.2" if apt else f"{root}/lib/libnccl.so.2",
     }
-
-
-def image_tag(config: StackConfig, name: str) -> str:
-    """``kit/llama-cpp:0c1e57098-cu12.9.1-sm70``; the cpu flavor is ``...-cpu``."""
-    engine = catalog.get(name)
-    settings = config.engine_settings(name)
-    gpu = engine.flavors[serving.flavor(config, name)].gpu
-    ref = str(settings.get("ref") or engine.version).lstrip("v")
-    if gpu:
-        suffix = f"cu{engine_cuda_version(config, name)}-{archs.label(_archs(config))}"
-    else:
-        suffix = "cpu"
-    return f"{config.build.registry}/{engine.slug}:{ref}-{suffix}"
 
 
 def _archs(config: StackConfig) -> list[int]:

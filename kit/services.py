@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit import catalog, dockerfile
+from kit import catalog, imagetag
 from kit.config import StackConfig
 
 FRONT_DOOR = "front-door"
@@ -40,7 +40,7 @@ def services(config: StackConfig) -> list[Service]:
             continue
         engine = catalog.get(name)
         key = engine.slug if role == "primary" or name != config.stack.primary else f"{engine.slug}-fallback"
-        out.append(Service(role, key, name, next_port, engine.port, dockerfile.image_tag(config, name)))
+        out.append(Service(role, key, name, next_port, engine.port, imagetag.image_tag(config, name)))
         next_port += 1
     if front:
         out.append(Service(FRONT_DOOR, FRONT_DOOR, None, port, FRONT_DOOR_PORT, front_door_image(config)))

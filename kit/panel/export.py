@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from kit import catalog, compose, dockerfile, paths, resolve, serving, templating
+from kit import catalog, compose, imagetag, paths, resolve, serving, templating
 from kit.config import StackConfig
 from kit.panel import logo
 
@@ -39,7 +39,7 @@ def localized(texts: dict[str, str]) -> dict[str, str]:
 
 def version_name(config: StackConfig, name: str) -> str:
     """The image tag: never starts with 'v' (1Panel/Renovate convention)."""
-    return dockerfile.image_tag(config, name).rsplit(":", 1)[1].lstrip("vV")
+    return imagetag.image_tag(config, name).rsplit(":", 1)[1].lstrip("vV")
 
 
 def gpu_field_keys(config: StackConfig) -> list[str]:
@@ -111,7 +111,7 @@ def compose_for(config: StackConfig, name: str, key: str) -> dict[str, Any]:
     flavor = engine.flavors[serving.flavor(config, name)]
     env = compose.engine_env(config, name, "${API_KEY}")
     service: dict[str, Any] = {
-        "image": dockerfile.image_tag(config, name),
+        "image": imagetag.image_tag(config, name),
         "container_name": "${CONTAINER_NAME}",
         "restart": "unless-stopped",
         "networks": ["1panel-network"],
@@ -188,7 +188,7 @@ def app_files(config: StackConfig, name: str) -> dict[str, str | bytes]:
     readme_ctx = {
         "name": info["name"],
         "description": localized(info["description"]),
-        "image": dockerfile.image_tag(config, name),
+        "image": imagetag.image_tag(config, name),
         "archs": ", ".join(f"sm_{a}" for a in config.hardware.archs) if gpu else "CPU",
         "nccl": config.nccl.version if gpu else "",
         "entrypoint": " ".join(engine.entrypoint),
