@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.errors import KitError
-from kit.modelinfo import SPLIT, split_parts
+from kit.modelinfo import split_parts
 
 SOURCE = re.compile(r"^(?P<kind>hf|modelscope):(?P<repo>[\w.-]+/[\w.-]+)(@(?P<rev>[\w./-]+))?$")
 STAGING = ".kit-download"  # inside model.dir: the .part files; a file leaves it only once verified
@@ -299,7 +299,3 @@ def pull(hub: HfHub, model: RemoteModel, model_dir: Path, echo: Callable[[str], 
         hub.download(part, model_dir, progress)
         echo(f"  sha256 checked: {part.path}")
     return model_dir / model.name
-
-
-def is_split(name: str) -> bool:
-    return bool(SPLIT.match(name.rsplit("/", 1)[-1]))

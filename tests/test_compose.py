@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from kit import dockerhost, render
-from tests.conftest import make_config, require
+from tests.conftest import make_config
 from tests.golden_cases import CASES
 
 

@@ -206,8 +206,6 @@ def test_pull_downloads_checks_and_writes_the_config(tiny_repo, tmp_path):
 
 def test_a_flipped_byte_fails_the_checksum_and_leaves_no_file(tiny_repo, tmp_path):
     name, files, endpoint, storage = tiny_repo
-    from tests.hubserver import COMMIT  # noqa: F401 - the stand-in's commit, for the reader
-
     config = make_config({"mirrors": {"hf_endpoint": endpoint}, "model": {"dir": str(tmp_path / "m")}})
     repo = hub.HfHub(hub.parse_source(f"hf:{name}"), config.mirrors.hf_endpoint)
     model = next(m for m in hub.gguf_models(repo.files()) if m.name == "tiny-F32.gguf")

@@ -65,7 +65,6 @@ def _field(env_key: str, default: Any, type_: str, required: bool = True, label:
 
 
 def form_fields(config: StackConfig, name: str) -> list[dict[str, Any]]:
-    settings = config.engine_settings(name)
     engine = catalog.get(name)
     gpu = engine.flavors[serving.flavor(config, name)].gpu
     fields = [
@@ -184,7 +183,6 @@ def app_files(config: StackConfig, name: str) -> dict[str, str | bytes]:
     version = version_name(config, name)
     engine = catalog.get(name)
     gpu = engine.flavors[serving.flavor(config, name)].gpu
-    settings = config.engine_settings(name)
     readme_ctx = {
         "name": info["name"],
         "description": localized(info["description"]),
