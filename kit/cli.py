@@ -296,7 +296,8 @@ def _hub(config, source: Optional[str]):
     text = source or config.model.source
     if not text:
         raise KitError("model.source", "no model source", "pass hf:ORG/REPO or set model.source in kit.yaml")
-    return hub.HfHub(hub.parse_source(text, "SOURCE" if source else "model.source"), config.mirrors.hf_endpoint)
+    return hub.connect(hub.parse_source(text, "SOURCE" if source else "model.source"), config.mirrors.hf_endpoint,
+                       config.mirrors.modelscope_endpoint)
 
 
 def _remote_info(config, source: str, file: Optional[str]):

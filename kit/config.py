@@ -96,6 +96,8 @@ class Mirrors(Section):
     ca_bundle: str = Field("", description="PEM bundle on this host trusted inside builds (apt, pip, git).")
     hf_endpoint: str = Field("", description="Hugging Face hub mirror for `kit model` (the HF_ENDPOINT convention), "
                              "e.g. https://hf-mirror.com; empty = HF_ENDPOINT from the environment, else the hub.")
+    modelscope_endpoint: str = Field("", description="ModelScope endpoint for `kit model` (MODELSCOPE_ENDPOINT); "
+                                     "empty = the client's default, https://modelscope.cn.")
 
 
 class Build(Section):

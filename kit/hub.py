@@ -34,19 +34,18 @@ class Source:
     revision: str = "main"
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.repo}" + (f"@{self.revision}" if self.revision != "main" else "")
+        return f"{self.kind}:{self.repo}" + (f"@{self.revision}" if self.revision != DEFAULT_REVISION[self.kind] else "")
+
+
+DEFAULT_REVISION = {"hf": "main", "modelscope": "master"}  # each hub's default branch
 
 
 def parse_source(text: str, field_name: str = "model.source") -> Source:
     match = SOURCE.match(text.strip())
     if not match:
         raise KitError(field_name, f"{text!r} is not a model source",
-                       "write hf:ORG/REPO or hf:ORG/REPO@REVISION (a branch, tag or commit)")
-    if match["kind"] == "modelscope":
-        raise KitError(field_name, "ModelScope sources are not supported by kit model yet",
-                       f"download with `modelscope download --model {match['repo']} FILE --local_dir DIR`, "
-                       "set model.dir and model.file, and leave model.source empty")
-    return Source(match["kind"], match["repo"], match["rev"] or "main")
+                       "write hf:ORG/REPO or modelscope:ORG/REPO, with @REVISION for a branch, tag or commit")
+    return Source(match["kind"], match["repo"], match["rev"] or DEFAULT_REVISION[match["kind"]])
 
 
 @dataclass(frozen=True)
@@ -177,22 +176,12 @@ class HfHub:
         self.source = source
         self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
-    def reachable(self) -> None:
-        """One quick connection first: the client retries an unreachable endpoint for half a minute."""
-        import requests
-
-        try:
-            requests.head(self.endpoint, timeout=10, allow_redirects=False)
-        except requests.RequestException as exc:
-            raise KitError("mirrors.hf_endpoint", f"cannot reach {self.endpoint} ({exc.__class__.__name__})",
-                           "set mirrors.hf_endpoint (or HF_ENDPOINT) to a mirror you can reach, e.g. "
-                           "https://hf-mirror.com, or put the file into model.dir yourself") from None
-
     def files(self) -> list[RemoteFile]:
         from huggingface_hub import HfApi
         from huggingface_hub.hf_api import RepoFile
 
-        self.reachable()
+        reachable(self.endpoint, "mirrors.hf_endpoint", "HF_ENDPOINT", "a mirror you can reach, e.g. "
+                  "https://hf-mirror.com")
         api = HfApi(endpoint=self.endpoint)
         with hub_errors(self.source, self.endpoint):
             tree = list(api.list_repo_tree(self.source.repo, revision=self.source.revision, recursive=True))
@@ -207,11 +196,9 @@ class HfHub:
 
     def download(self, remote: RemoteFile, model_dir: Path,
                  progress: Callable[[int], None] | None = None) -> Path:
-        """Into ``model_dir`` under its final name only once its sha256 matches the hub's; a killed download
-        resumes from its ``.part`` file. The hub's client finds where the bytes are (``get_hf_file_metadata``: the
-        resolve URL's redirect, size and etag), kit fetches them: since huggingface_hub PR #4228 its own downloader
-        writes each process's bytes to a fresh temporary file, so a download killed mid-way starts over."""
-        import requests
+        """The hub's client finds where the bytes are (``get_hf_file_metadata``: the resolve URL's redirect, size
+        and etag); ``fetch_verified`` fetches them. Since huggingface_hub PR #4228 the client's own downloader writes
+        each process's bytes to a fresh temporary file, so a download killed mid-way would start over."""
         from huggingface_hub import get_hf_file_metadata, hf_hub_url
         from huggingface_hub.utils import build_hf_headers
 
@@ -221,45 +208,64 @@ class HfHub:
         location = meta.location or url
         # the token goes to the hub only, never to the storage host it redirects to (as the client does it)
         headers = build_hf_headers() if _origin(location) == _origin(self.endpoint) else {}
-        staging = model_dir / STAGING
-        staging.mkdir(parents=True, exist_ok=True)
-        part = staging / (remote.path.replace("/", "__") + ".part")
-        have = part.stat().st_size if part.is_file() else 0
-        if have > remote.size:
+        return fetch_verified(location, headers, remote, model_dir, progress)
+
+
+def reachable(endpoint: str, field_name: str, env: str, what: str) -> None:
+    """One quick connection first: the hubs' clients retry an unreachable endpoint for half a minute or more."""
+    import requests
+
+    try:
+        requests.head(endpoint, timeout=10, allow_redirects=False)
+    except requests.RequestException as exc:
+        raise KitError(field_name, f"cannot reach {endpoint} ({exc.__class__.__name__})",
+                       f"set {field_name} (or {env}) to {what}, or put the file into model.dir yourself") from None
+
+
+def fetch_verified(url: str, headers: dict[str, str], remote: RemoteFile, model_dir: Path,
+                   progress: Callable[[int], None] | None = None) -> Path:
+    """``remote`` into ``model_dir`` under its final name only once its sha256 matches the hub's; a killed download
+    resumes from its ``.part`` file in ``model_dir/.kit-download``."""
+    import requests
+
+    staging = model_dir / STAGING
+    staging.mkdir(parents=True, exist_ok=True)
+    part = staging / (remote.path.replace("/", "__") + ".part")
+    have = part.stat().st_size if part.is_file() else 0
+    if have > remote.size:
+        part.unlink()
+        have = 0
+    if have < remote.size:
+        try:
+            reply = requests.get(url, headers={**headers, "Range": f"bytes={have}-"}, stream=True, timeout=60)
+            if reply.status_code == 200:  # the server ignored the range: start over
+                have = 0
+            elif reply.status_code != 206:
+                raise KitError("model.source", f"{remote.path}: HTTP {reply.status_code} from {url}",
+                               "run kit model pull again, or use a mirror")
+            with open(part, "ab" if have else "wb") as f:
+                for chunk in reply.iter_content(1 << 20):
+                    f.write(chunk)
+                    if progress:
+                        progress(len(chunk))
+        except requests.RequestException as exc:
+            raise KitError("model.source", f"{remote.path}: the download broke ({exc.__class__.__name__}) at "
+                           f"{part.stat().st_size if part.is_file() else 0} of {remote.size} bytes",
+                           "run kit model pull again: it resumes from there") from None
+    if part.stat().st_size != remote.size:
+        raise KitError("model.source", f"{remote.path}: {part.stat().st_size} of {remote.size} bytes arrived",
+                       "run kit model pull again: it resumes from there")
+    if remote.sha256:
+        digest = sha256_of(part)
+        if digest != remote.sha256:
             part.unlink()
-            have = 0
-        if have < remote.size:
-            try:
-                reply = requests.get(location, headers={**headers, "Range": f"bytes={have}-"}, stream=True,
-                                     timeout=60)
-                if reply.status_code == 200:  # the server ignored the range: start over
-                    have = 0
-                elif reply.status_code != 206:
-                    raise KitError("model.source", f"{remote.path}: HTTP {reply.status_code} from {location}",
-                                   "run kit model pull again, or set mirrors.hf_endpoint to a mirror")
-                with open(part, "ab" if have else "wb") as f:
-                    for chunk in reply.iter_content(1 << 20):
-                        f.write(chunk)
-                        if progress:
-                            progress(len(chunk))
-            except requests.RequestException as exc:
-                raise KitError("model.source", f"{remote.path}: the download broke ({exc.__class__.__name__}) at "
-                               f"{part.stat().st_size if part.is_file() else 0} of {remote.size} bytes",
-                               "run kit model pull again: it resumes from there") from None
-        if part.stat().st_size != remote.size:
-            raise KitError("model.source", f"{remote.path}: {part.stat().st_size} of {remote.size} bytes arrived",
-                           "run kit model pull again: it resumes from there")
-        if remote.sha256:
-            digest = sha256_of(part)
-            if digest != remote.sha256:
-                part.unlink()
-                raise KitError("model.source", f"{remote.path} arrived with sha256 {digest[:12]}…, but the hub "
-                               f"publishes {remote.sha256[:12]}…; the download was deleted",
-                               "run kit model pull again (a mirror that serves a different file is not one)")
-        final = model_dir / remote.path
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(part, final)
-        return final
+            raise KitError("model.source", f"{remote.path} arrived with sha256 {digest[:12]}…, but the hub "
+                           f"publishes {remote.sha256[:12]}…; the download was deleted",
+                           "run kit model pull again (a mirror that serves a different file is not one)")
+    final = model_dir / remote.path
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(part, final)
+    return final
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
@@ -267,6 +273,73 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
     parts = urlsplit(url)
     return parts.scheme, (parts.hostname or "").lower(), parts.port
+
+
+class ModelScopeHub:
+    """One repo at one revision on ModelScope, through its client (``modelscope_hub``, the optional extra
+    ``kit[modelscope]``): the file list with each file's sha256 (``HubApi.list_repo_files``), and the legacy download
+    URL ``{endpoint}/api/v1/models/{repo}/repo?Revision=&FilePath=`` (``LegacyClient.get_download_url``), read by
+    byte ranges. The token is the client's: ``MODELSCOPE_API_TOKEN``, sent as ``Authorization: Bearer``."""
+
+    def __init__(self, source: Source, endpoint: str = "") -> None:
+        try:
+            from modelscope_hub import HubApi
+        except ImportError:
+            raise KitError("model.source", "ModelScope needs its client",
+                           "pip install 'kit[modelscope]' (the modelscope-hub package)") from None
+        import logging
+
+        logging.getLogger("modelscope_hub").setLevel(logging.ERROR)  # its retries would print over kit's one line
+        self.source = source
+        self.api = HubApi(endpoint=endpoint or os.environ.get("MODELSCOPE_ENDPOINT") or None)
+        self.endpoint = self.api.legacy.endpoint
+
+    def headers(self) -> dict[str, str]:
+        token = os.environ.get("MODELSCOPE_API_TOKEN", "")
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    @contextmanager
+    def errors(self) -> Iterator[None]:
+        from modelscope_hub import errors
+
+        where = f"{self.source} on {self.endpoint}"
+        try:
+            yield
+        except errors.NotExistError:
+            raise KitError("model.source", f"{where}: no such repo or revision {self.source.revision!r}",
+                           "check ORG/REPO and the revision (ModelScope's default is master)") from None
+        except (errors.AuthenticationError, errors.PermissionDeniedError):
+            raise KitError("model.source", f"{where} refused access (private or gated)",
+                           "put a token in MODELSCOPE_API_TOKEN (never in kit.yaml)") from None
+        except errors.NetworkError as exc:
+            raise KitError("mirrors.modelscope_endpoint", f"cannot reach {self.endpoint} "
+                           f"({exc.__class__.__name__})", "set mirrors.modelscope_endpoint (or MODELSCOPE_ENDPOINT) "
+                           "to an endpoint you can reach, or put the file into model.dir yourself") from None
+        except errors.APIError as exc:
+            raise KitError("model.source", f"{where}: {exc}", "retry later") from None
+
+    def files(self) -> list[RemoteFile]:
+        reachable(self.endpoint, "mirrors.modelscope_endpoint", "MODELSCOPE_ENDPOINT", "an endpoint you can reach")
+        with self.errors():
+            listed = self.api.list_repo_files(self.source.repo, "model", revision=self.source.revision)
+        return [RemoteFile(f.path, f.size, f.sha256) for f in listed if f.type != "tree"]
+
+    def url(self, remote: RemoteFile) -> str:
+        return self.api.legacy.get_download_url(self.source.repo, "model", remote.path, self.source.revision)
+
+    def open(self, remote: RemoteFile) -> RangeReader:
+        return RangeReader(self.url(remote), remote.size, self.headers())
+
+    def download(self, remote: RemoteFile, model_dir: Path,
+                 progress: Callable[[int], None] | None = None) -> Path:
+        return fetch_verified(self.url(remote), self.headers(), remote, model_dir, progress)
+
+
+def connect(source: Source, hf_endpoint: str = "", modelscope_endpoint: str = "") -> HfHub | ModelScopeHub:
+    """The hub a source names."""
+    if source.kind == "modelscope":
+        return ModelScopeHub(source, modelscope_endpoint)
+    return HfHub(source, hf_endpoint)
 
 
 def sha256_of(path: Path) -> str:
@@ -285,7 +358,7 @@ def check_free_disk(model_dir: Path, needed: int) -> None:
                        f"{needed / 2**30:.1f} GiB", "free some space or point model.dir at a larger disk")
 
 
-def pull(hub: HfHub, model: RemoteModel, model_dir: Path, echo: Callable[[str], None],
+def pull(hub: HfHub | ModelScopeHub, model: RemoteModel, model_dir: Path, echo: Callable[[str], None],
          progress: Callable[[int], None] | None = None) -> Path:
     """Every part of ``model`` into ``model_dir``; parts already there with the right size are kept."""
     if model.missing:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kit import ggufheader, modelinfo, plan
 from kit.config import StackConfig
-from kit.hub import HfHub, RemoteModel
+from kit.hub import HfHub, ModelScopeHub, RemoteModel
 
 # quant names as they appear in GGUF file names (Q4_K_M, IQ4_XS, Q8_0, F16, BF16, ...)
 QUANT_IN_NAME = re.compile(r"(?i)[-_.]((?:I?Q\d(?:_[A-Z0-9]+)*)|BF16|F16|F32)(?=[-_.])")
@@ -44,7 +44,7 @@ def quant_name(file_type: str, name: str) -> str:
     return found.group(1).upper() if found else "?"
 
 
-def plan_remote(config: StackConfig, hub: HfHub, model: RemoteModel) -> tuple[Choice, int]:
+def plan_remote(config: StackConfig, hub: HfHub | ModelScopeHub, model: RemoteModel) -> tuple[Choice, int]:
     """One model planned from its headers; the bytes read to do it."""
     headers, fetched = [], 0
     try:

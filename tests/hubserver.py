@@ -148,3 +148,60 @@ class Hub:
                 "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(repo.files[path].stat().st_size),
                 "ETag": f'"{hashlib.sha1(path.encode()).hexdigest()}"', "Content-Length": "0"})
         return Response("Not Found", status=404)
+
+
+class ModelScope:
+    """A stand-in ModelScope, from its client's code (modelscope_hub 0.5.1):
+
+    - ``_legacy_api.LegacyClient._list_files_page``: GET ``{endpoint}/api/v1/models/{repo_id}/repo/files`` with
+      ``Revision`` and ``Recursive`` ("True"); ``_json_data`` unwraps ``Data`` and then ``Files``: entries with
+      ``Path``, ``Size``, ``Sha256``, ``Type`` ("blob" / "tree"), as ``api.HubApi.list_repo_files`` normalises them;
+    - ``errors.raise_for_status``: 404 -> ``NotExistError``, 401 -> ``AuthenticationError``, 403 ->
+      ``PermissionDeniedError`` (the body's ``Code`` / ``Message`` is the envelope);
+    - ``LegacyClient.get_download_url``: ``{endpoint}/api/v1/models/{repo_id}/repo?Revision=&FilePath=``, the bytes
+      themselves, read here with byte ranges (the client's parallel download sends ``Range`` too).
+    Files are served from disk; ``storage`` counts what is sent, as for the Hugging Face stand-in.
+    """
+
+    def __init__(self, storage: Storage) -> None:
+        self.repos: dict[str, Repo] = {}
+        self.storage = storage
+        self.requests: list[tuple[str, str]] = []
+
+    def add(self, repo_id: str, repo: Repo) -> None:
+        for path, disk in repo.files.items():
+            if path not in repo.sha256:
+                repo.sha256[path] = hashlib.sha256(disk.read_bytes()).hexdigest()
+            self.storage.blobs[repo.sha256[path]] = disk
+        self.repos[repo_id] = repo
+
+    @staticmethod
+    def error(status: int, message: str) -> Response:
+        return Response(json.dumps({"Code": status, "Message": message, "Success": False}), status=status,
+                        content_type="application/json")
+
+    def __call__(self, request: Request) -> Response:
+        self.requests.append((request.method, request.full_path))
+        m = re.match(r"^/api/v1/models/([^/]+/[^/]+)/repo(/files)?$", request.path)
+        if not m:
+            return self.error(404, "Not Found")
+        repo = self.repos.get(m[1])
+        revision = request.args.get("Revision", "master")
+        if repo is None:
+            return self.error(404, f"model {m[1]} not found")
+        if repo.gated:
+            return self.error(403, "access denied")
+        if revision not in repo.revisions:
+            return self.error(404, f"revision {revision} not found")
+        if m[2]:
+            files = [{"Name": p.rsplit("/", 1)[-1], "Path": p, "Revision": COMMIT, "Size": d.stat().st_size,
+                      "Sha256": repo.sha256[p], "Type": "blob", "IsLFS": True} for p, d in sorted(repo.files.items())]
+            return Response(json.dumps({"Code": 200, "Data": {"Files": files}, "Success": True}),
+                            content_type="application/json")
+        path = request.args.get("FilePath", "")
+        if path not in repo.files:
+            return self.error(404, f"file {path} not found")
+        # the bytes, as the storage host serves them (ranges, counted)
+        forward = Request.from_values(path=f"/blobs/{repo.sha256[path]}", method=request.method,
+                                      headers={"Range": request.headers.get("Range", "")} if request.headers.get("Range") else {})
+        return self.storage(forward)

@@ -135,7 +135,6 @@ def test_list_command_prints_the_table_and_recommends(servers, quants, tmp_path)
     ("hf:kit-test/gated", "is gated", "model.source"),
     ("hf:kit-test/safetensors-only", "has no .gguf files", "SOURCE"),
     ("hf:not a repo", "is not a model source", "SOURCE"),
-    ("modelscope:Qwen/Qwen3-27B-GGUF", "ModelScope sources are not supported", "SOURCE"),
 ])
 def test_list_errors_are_one_line_with_the_fix(servers, quants, tmp_path, source, phrase, field):
     stand_in, _, endpoint = servers
@@ -359,3 +358,88 @@ def test_an_hf_checkpoint_that_runs_is_planned_for_vllm(servers, tmp_path):
     result = run_kit("model", "list", f"hf:{name}", "-c", "kit.yaml", cwd=work)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "vllm: 5.00 GiB of weights; 4 concurrent requests of up to 16384 tokens each: fits" in result.stdout
+
+
+# ---- ModelScope, through its own client (modelscope_hub) against tests/hubserver.ModelScope
+@pytest.fixture(scope="module")
+def modelscope(servers, quants):
+    import re
+
+    from pytest_httpserver import HTTPServer
+
+    from tests.hubserver import ModelScope
+
+    _, storage, _ = servers
+    folder, files = quants
+    server = HTTPServer(host="127.0.0.1", threaded=True)
+    server.start()
+    stand_in = ModelScope(storage)
+    server.expect_request(re.compile(r".*")).respond_with_handler(stand_in)
+    listed = {k: v for k, v in files.items() if k.startswith("Qwen-27B-IQ4") or k.startswith("Q8_0/")}
+    stand_in.add("kit-test/Qwen-27B-GGUF", Repo(listed, {p: f"{i:064x}" for i, p in enumerate(sorted(listed))},
+                                                revisions=("master",)))
+    yield stand_in, server.url_for("/").rstrip("/")
+    server.stop()
+
+
+def ms_yaml(folder: Path, endpoint: str) -> None:
+    (folder / "kit.yaml").write_text("preset: dual-v100-nvlink\nmodel:\n  dir: ./models\n"
+                                     f"mirrors:\n  modelscope_endpoint: {endpoint}\n")
+
+
+def test_modelscope_list_plans_from_headers(modelscope, servers, quants, tmp_path):
+    stand_in, endpoint = modelscope
+    _, storage, _ = servers
+    ms_yaml(tmp_path, endpoint)
+    before = storage.bytes_sent()
+    result = run_kit("model", "list", "modelscope:kit-test/Qwen-27B-GGUF", "-c", "kit.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Qwen-27B-IQ4_XS.gguf *" in result.stdout and "Q8_0/Qwen-27B-Q8_0-00001-of-00003.gguf" in result.stdout
+    assert storage.bytes_sent() - before < 30 * 2**20  # headers only, of ~40 GB
+    # the client's own routes: the file list with Revision=master&Recursive=True, then the download URL by ranges
+    assert any(path.startswith("/api/v1/models/kit-test/Qwen-27B-GGUF/repo/files?") and "Recursive=True" in path
+               and "Revision=master" in path for _, path in stand_in.requests), stand_in.requests[:3]
+    assert any("FilePath=Qwen-27B-IQ4_XS.gguf" in path for _, path in stand_in.requests)
+
+
+def test_modelscope_pull_verifies_and_writes_the_source(modelscope, tmp_path):
+    stand_in, endpoint = modelscope
+    tiny = write_tiny_llama(tmp_path / "tiny.gguf")
+    stand_in.add("kit-test/tiny", Repo({"tiny-F32.gguf": tiny}, revisions=("master",)))
+    work = tmp_path / "work"
+    work.mkdir()
+    ms_yaml(work, endpoint)
+    result = run_kit("model", "pull", "modelscope:kit-test/tiny", "-c", "kit.yaml", "--file", "tiny-F32.gguf",
+                     cwd=work)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (work / "models" / "tiny-F32.gguf").read_bytes() == tiny.read_bytes()
+    config = yaml.safe_load((work / "kit.yaml").read_text())
+    assert config["model"] == {"dir": "./models", "file": "tiny-F32.gguf", "source": "modelscope:kit-test/tiny"}
+
+
+@pytest.mark.parametrize("source,phrase", [
+    ("modelscope:kit-test/nothing", "no such repo or revision 'master'"),
+    ("modelscope:kit-test/Qwen-27B-GGUF@v9", "no such repo or revision 'v9'"),
+    ("modelscope:kit-test/private", "refused access (private or gated)"),
+])
+def test_modelscope_errors_are_one_line(modelscope, quants, tmp_path, source, phrase):
+    stand_in, endpoint = modelscope
+    _, files = quants
+    stand_in.add("kit-test/private", Repo({"README.md": files["README.md"]}, gated=True, revisions=("master",)))
+    ms_yaml(tmp_path, endpoint)
+    result = run_kit("model", "list", source, "-c", "kit.yaml", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: model.source: ") and phrase in lines[0], lines
+
+
+def test_an_unreachable_modelscope_names_its_setting(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ms_yaml(tmp_path, f"http://127.0.0.1:{port}")
+    result = run_kit("model", "list", "modelscope:kit-test/x", "-c", "kit.yaml", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: mirrors.modelscope_endpoint: cannot reach http://127.0.0.1:{port}")
