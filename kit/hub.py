@@ -1,4 +1,5 @@
-"""Models on a hub: list a repo's GGUF files, read each header by HTTP ranges, download with the hub's own client.
+"""Models on a hub (Hugging Face, a mirror, or ModelScope): list a repo's files, read each GGUF header by HTTP
+ranges, download with resume and a checksum. The hubs' own clients list and locate; kit fetches the bytes.
 
 Hugging Face (or a mirror: ``mirrors.hf_endpoint`` / ``HF_ENDPOINT``) through ``huggingface_hub``: the repo tree
 (``HfApi.list_repo_tree``, with each LFS file's sha256), the resolve URL (``hf_hub_url``) read by ``Range`` requests
