@@ -86,3 +86,60 @@ def test_freshly_compiled_matches_cuobjdump(tmp_path, gencode, expected, kind):
                    check=True, env={"PATH": TOOLKIT_PATH, "HOME": str(tmp_path)})
     assert cuobjdump(out) == expected
     assert fatbin.archs(out) == expected
+
+
+@pytest.mark.skipif(NVCC is None and not NEED_NVCC, reason="no CUDA <= 12 nvcc (CI installs Debian's toolkit)")
+@pytest.mark.parametrize("compress", [False, True])
+def test_compressed_entries_are_read_without_decompressing(tmp_path, compress):
+    """nvcc -Xfatbin=-compress-all is the oracle for the entry's compression flag; the arch needs no decompression."""
+    assert NVCC, "KIT_REQUIRE_NVCC=1 but no CUDA <= 12 nvcc was found"
+    out = tmp_path / "k.o"
+    extra = ["-Xfatbin=-compress-all"] if compress else []
+    subprocess.run([NVCC, "-c", "-gencode", "arch=compute_70,code=sm_70", *extra, "-o", str(out), str(FIX / "k.cu")],
+                   check=True, env={"PATH": TOOLKIT_PATH, "HOME": str(tmp_path)})
+    assert fatbin.read_entries(out) == [fatbin.Entry("sass", 70, compress)]
+    assert cuobjdump(out) == {"sass": [70], "ptx": []}
+
+
+def test_padding_between_containers_is_skipped():
+    # fat containers in a .nv_fatbin section are aligned: zero words may sit between them
+    one = (FIX / "k.fatbin").read_bytes()
+    assert [e.arch for e in fatbin.parse_fatbin(one + b"\0" * 8 + one)] == [70, 70]
+    assert [e.arch for e in fatbin.parse_fatbin(one + b"\0" * 4)] == [70]  # trailing padding too
+
+
+@pytest.mark.parametrize("header,message", [
+    (b"\x7fELF\x01\x01\x01" + b"\0" * 57, "only 64-bit little-endian ELF is supported"),   # ELFCLASS32
+    (b"\x7fELF\x02\x02\x01" + b"\0" * 57, "only 64-bit little-endian ELF is supported"),   # ELFDATA2MSB
+    (b"MZ\x90\0" + b"\0" * 60, "not an ELF file"),
+])
+def test_elf_files_the_reader_cannot_take_are_named(tmp_path, header, message):
+    path = tmp_path / "lib.so"
+    path.write_bytes(header)
+    with pytest.raises(fatbin.FatbinError, match=message):
+        fatbin.read_entries(path)
+
+
+def test_an_elf_without_section_headers_has_no_device_code(tmp_path):
+    # e_shoff = 0 (stripped of section headers): nothing to find, not an error
+    header = bytearray(b"\x7fELF\x02\x01\x01" + b"\0" * 57)
+    path = tmp_path / "lib.so"
+    path.write_bytes(bytes(header))
+    assert fatbin.archs(path) == {"sass": [], "ptx": []}
+
+
+def test_bad_magic_names_the_offset():
+    blob = bytearray((FIX / "k.fatbin").read_bytes())
+    blob[0:4] = struct.pack("<I", 0xDEADBEEF)
+    with pytest.raises(fatbin.FatbinError, match=r"^bad fatbin magic 0xdeadbeef at offset 0$"):
+        fatbin.parse_fatbin(bytes(blob))
+
+
+def test_cli_counts_each_file_and_reads_a_list(capsys):
+    assert fatbin.main([str(FIX / "sm70_80.o"), "--expect", "80,70"]) == 0  # the order of the list does not matter
+    assert fatbin.main([str(FIX / "sm70.o"), str(FIX / "sm70_80.o"), "--expect", "70,80"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("expected real code for exactly [70, 80]") == 1  # only sm70.o differs
+    # a file without device code is not a mismatch
+    assert fatbin.main([str(Path(shutil.which("python3") or "/bin/sh").resolve()), "--expect", "70"]) == 0
+    assert fatbin.main([str(FIX / "ptx70.o"), "--expect", "70"]) == 1  # PTX only: no real code
