@@ -182,3 +182,20 @@ def test_peer_traffic_follows_the_engines_memory_layout(data, expected):
     from tests.conftest import make_config
 
     assert doctor.peer_traffic(make_config(data)) is expected
+
+
+def test_a_driver_that_does_not_answer_is_named_by_its_own_words(monkeypatch, tmp_path):
+    from kit import nvsmi
+
+    # what nvidia-smi prints (exit 9) on a host whose kernel module is not loaded
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'Some header'\n"
+                    "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"\nexit 9\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin:/bin")
+    with pytest.raises(nvsmi.NoDriver, match=r"^NVIDIA-SMI has failed because it couldn't communicate with the "
+                                             r"NVIDIA driver\.$"):
+        nvsmi.gpus()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(nvsmi.NoDriver, match="^nvidia-smi is not on PATH$"):
+        nvsmi.gpus()
