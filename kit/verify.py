@@ -241,7 +241,8 @@ def nccl_builder(ins: Inspection) -> tuple[str, str]:
         return "ok", f"{record} (the engine loads NCCL by name at run time: nccl-runtime is the proof)"
     linked = ins.host.file(NCCL_LINKED)
     if not linked.exists:
-        return "fail", f"{record}, but no {NCCL_LINKED}: the build did not capture what the compile linked"
+        return "fail", (f"{record}, but no {NCCL_LINKED}: the build did not capture what the compile linked "
+                        "(an image built before kit recorded it: rebuild it with kit build)")
     found = {}
     for line in linked.content_string.splitlines():
         kind, _, rest = line.partition(" ")
