@@ -302,16 +302,19 @@ def _hub(config, source: Optional[str]):
 
 def _remote_info(config, source: str, file: Optional[str]):
     """A hub file's ModelInfo from its header (every part's, for a split GGUF)."""
-    from kit import ggufheader, hub, modelinfo
+    from kit import ggufheader, hub, modelchoice
 
     repo = _hub(config, source)
     models = hub.gguf_models(repo.files())
-    model = next((m for m in models if file in [p.path for p in m.parts]), None) if file else None
-    if model is None:
-        raise KitError("--file", f"name one of {repo.source}'s GGUF files" if not file else f"{repo.source} has no {file}",
+    if not file:
+        raise KitError("--file", f"name one of {repo.source}'s GGUF files",
                        f"use one of {', '.join(m.name for m in models) or '(none)'} (kit model list plans them all)")
-    headers = [ggufheader.read_stream(repo.open(part)) for part in model.parts]
-    return modelinfo.from_header(modelinfo.merge_parts(headers), f"{repo.source}/{model.name}")
+    model = hub.model_with_file(models, file, repo.source)
+    try:
+        return modelchoice.remote_info(repo, model)[0]
+    except ggufheader.GGUFError as exc:
+        raise KitError("--file", f"{model.name} is not a GGUF header kit can read ({exc})",
+                       "plan another file (kit model list)") from None
 
 
 @model_app.command("list")
@@ -387,10 +390,7 @@ def model_pull(
     repo = _hub(config, source)
     models = hub.gguf_models(repo.files())
     if file:
-        model = next((m for m in models if file in [p.path for p in m.parts]), None)
-        if model is None:
-            raise KitError("--file", f"{repo.source} has no {file}",
-                           f"use one of {', '.join(m.name for m in models) or '(no .gguf files)'}")
+        model = hub.model_with_file(models, file, repo.source)
     else:
         choices = [modelchoice.plan_remote(config, repo, m)[0] for m in models]
         best = modelchoice.recommend(choices)

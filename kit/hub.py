@@ -89,6 +89,16 @@ def gguf_models(files: list[RemoteFile]) -> list[RemoteModel]:
     return models
 
 
+def model_with_file(models: list[RemoteModel], file: str, source: Source) -> RemoteModel:
+    """The model one of whose files (any part of a split GGUF) is ``file``."""
+    model = next((m for m in models if file in [p.path for p in m.parts]), None)
+    if model is None:
+        raise KitError("--file", f"{source} has no {file}",
+                       f"use one of {', '.join(m.name for m in models) or '(no .gguf files)'} "
+                       "(kit model list plans them all)")
+    return model
+
+
 class RangeReader(io.RawIOBase):
     """A remote file as a seekable stream: each read fetches the blocks it needs with an HTTP Range request, so a
     header parser reads a 15 GB GGUF's first megabytes and nothing else. ``fetched`` counts the bytes received."""
@@ -171,6 +181,8 @@ def hub_errors(source: Source, endpoint: str) -> Iterator[None]:
 class HfHub:
     """One repo at one revision on the hub or a mirror."""
 
+    SETTING = ("mirrors.hf_endpoint", "HF_ENDPOINT", "a mirror you can reach, e.g. https://hf-mirror.com")
+
     def __init__(self, source: Source, endpoint: str = "") -> None:
         from huggingface_hub import constants
 
@@ -181,8 +193,7 @@ class HfHub:
         from huggingface_hub import HfApi
         from huggingface_hub.hf_api import RepoFile
 
-        reachable(self.endpoint, "mirrors.hf_endpoint", "HF_ENDPOINT", "a mirror you can reach, e.g. "
-                  "https://hf-mirror.com")
+        reachable(self.endpoint, *self.SETTING)
         api = HfApi(endpoint=self.endpoint)
         with hub_errors(self.source, self.endpoint):
             tree = list(api.list_repo_tree(self.source.repo, revision=self.source.revision, recursive=True))
@@ -212,6 +223,12 @@ class HfHub:
         return fetch_verified(location, headers, remote, model_dir, progress)
 
 
+def unreachable(endpoint: str, field_name: str, env: str, what: str, exc: BaseException) -> KitError:
+    """The one line for an endpoint kit cannot reach: the setting that names another, and the way around."""
+    return KitError(field_name, f"cannot reach {endpoint} ({exc.__class__.__name__})",
+                    f"set {field_name} (or {env}) to {what}, or put the file into model.dir yourself")
+
+
 def reachable(endpoint: str, field_name: str, env: str, what: str) -> None:
     """One quick connection first: the hubs' clients retry an unreachable endpoint for half a minute or more."""
     import requests
@@ -219,8 +236,7 @@ def reachable(endpoint: str, field_name: str, env: str, what: str) -> None:
     try:
         requests.head(endpoint, timeout=10, allow_redirects=False)
     except requests.RequestException as exc:
-        raise KitError(field_name, f"cannot reach {endpoint} ({exc.__class__.__name__})",
-                       f"set {field_name} (or {env}) to {what}, or put the file into model.dir yourself") from None
+        raise unreachable(endpoint, field_name, env, what, exc) from None
 
 
 def fetch_verified(url: str, headers: dict[str, str], remote: RemoteFile, model_dir: Path,
@@ -282,6 +298,8 @@ class ModelScopeHub:
     URL ``{endpoint}/api/v1/models/{repo}/repo?Revision=&FilePath=`` (``LegacyClient.get_download_url``), read by
     byte ranges. The token is the client's: ``MODELSCOPE_API_TOKEN``, sent as ``Authorization: Bearer``."""
 
+    SETTING = ("mirrors.modelscope_endpoint", "MODELSCOPE_ENDPOINT", "an endpoint you can reach")  # when unreachable
+
     def __init__(self, source: Source, endpoint: str = "") -> None:
         try:
             from modelscope_hub import HubApi
@@ -313,14 +331,12 @@ class ModelScopeHub:
             raise KitError("model.source", f"{where} refused access (private or gated)",
                            "put a token in MODELSCOPE_API_TOKEN (never in kit.yaml)") from None
         except errors.NetworkError as exc:
-            raise KitError("mirrors.modelscope_endpoint", f"cannot reach {self.endpoint} "
-                           f"({exc.__class__.__name__})", "set mirrors.modelscope_endpoint (or MODELSCOPE_ENDPOINT) "
-                           "to an endpoint you can reach, or put the file into model.dir yourself") from None
+            raise unreachable(self.endpoint, *self.SETTING, exc) from None
         except errors.APIError as exc:
             raise KitError("model.source", f"{where}: {exc}", "retry later") from None
 
     def files(self) -> list[RemoteFile]:
-        reachable(self.endpoint, "mirrors.modelscope_endpoint", "MODELSCOPE_ENDPOINT", "an endpoint you can reach")
+        reachable(self.endpoint, *self.SETTING)
         with self.errors():
             listed = self.api.list_repo_files(self.source.repo, "model", revision=self.source.revision)
         return [RemoteFile(f.path, f.size, f.sha256) for f in listed if f.type != "tree"]

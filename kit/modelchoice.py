@@ -44,21 +44,26 @@ def quant_name(file_type: str, name: str) -> str:
     return found.group(1).upper() if found else "?"
 
 
+def remote_info(hub: HfHub | ModelScopeHub, model: RemoteModel) -> tuple[modelinfo.ModelInfo, int]:
+    """A hub model's ModelInfo from its headers (every part's, read by ranges), and the bytes read to get it.
+    Raises ggufheader.GGUFError for a header this reader does not know."""
+    headers, fetched = [], 0
+    for part in model.parts:
+        reader = hub.open(part)
+        headers.append(ggufheader.read_stream(reader))
+        fetched += reader.fetched
+    return modelinfo.from_header(modelinfo.merge_parts(headers), f"{hub.source}/{model.name}"), fetched
+
+
 def plan_remote(config: StackConfig, hub: HfHub | ModelScopeHub, model: RemoteModel) -> tuple[Choice, int]:
     """One model planned from its headers; the bytes read to do it."""
-    headers, fetched = [], 0
-    try:
-        for part in model.parts:
-            reader = hub.open(part)
-            headers.append(ggufheader.read_stream(reader))
-            fetched += reader.fetched
-    except ggufheader.GGUFError as exc:
-        return Choice(model, "?", None, f"not a GGUF header this reader knows ({exc})"), fetched
     if model.missing:
-        return Choice(model, "?", None, f"the repo lacks part(s) {', '.join(model.missing)}"), fetched
-    info = modelinfo.from_header(modelinfo.merge_parts(headers), f"{hub.source}/{model.name}")
-    ctx = config.model.ctx if isinstance(config.model.ctx, int) else None
-    return Choice(model, quant_name(info.file_type, model.name), plan.make_plan(config, info, "llama.cpp", ctx)), fetched
+        return Choice(model, "?", None, f"the repo lacks part(s) {', '.join(model.missing)}"), 0
+    try:
+        info, fetched = remote_info(hub, model)
+    except ggufheader.GGUFError as exc:
+        return Choice(model, "?", None, f"not a GGUF header this reader knows ({exc})"), 0
+    return Choice(model, quant_name(info.file_type, model.name), plan.make_plan(config, info, "llama.cpp")), fetched
 
 
 def recommend(choices: list[Choice]) -> Choice | None:
@@ -105,6 +110,4 @@ def hf_verdicts(config: StackConfig, hf_config: dict) -> list[HfVerdict]:
 def plan_hf(config: StackConfig, engine: str, hf_config: dict, weights: int, label: str) -> plan.Plan:
     """A hub checkpoint planned for a tensor-parallel engine from its config.json and its weights' size (the
     repo's *.safetensors files, as the tree lists them)."""
-    info = modelinfo.from_hf_config(hf_config, weights, label)
-    ctx = config.model.ctx if isinstance(config.model.ctx, int) else None
-    return plan.make_plan(config, info, engine, ctx)
+    return plan.make_plan(config, modelinfo.from_hf_config(hf_config, weights, label), engine)
