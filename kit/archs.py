@@ -6,6 +6,16 @@ CMake wants ``70-real`` (SASS only: a V100 must not fall back to JIT-compiled PT
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kit.config import StackConfig
+
+
+def configured(config: StackConfig) -> list[int]:
+    """The stack's ``hardware.archs`` as numbers (``native`` is refused by the rules before any build)."""
+    return [int(a) for a in config.hardware.archs]
+
 
 def cmake(archs: list[int]) -> str:
     return ";".join(f"{a}-real" for a in archs)

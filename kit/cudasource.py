@@ -16,9 +16,15 @@ def table() -> dict[str, Any]:
     return yaml.safe_load((paths.images_dir() / "cuda.yaml").read_text(encoding="utf-8"))
 
 
-def debian_versions() -> list[str]:
-    """The CUDA versions (major.minor) a Debian release packages, oldest first."""
-    return list(table()["debian"])
+def debian_known() -> str:
+    """The CUDA versions Debian packages, with their releases: ``11.8 (bookworm), 12.4 (trixie)``."""
+    return ", ".join(f"{version} ({toolkit['suite']})" for version, toolkit in table()["debian"].items())
+
+
+def unknown_debian_version(cuda_version: str) -> tuple[str, str]:
+    """(problem, fix) for a CUDA version no Debian release packages: one text for the rules and the producers."""
+    return (f"no Debian release packages CUDA {cuda_version}; Debian has {debian_known()}",
+            "set cuda.version to one of those with cuda.source: debian")
 
 
 def debian_toolkit(cuda_version: str) -> dict[str, Any] | None:

@@ -47,8 +47,7 @@ def base_images(config: StackConfig, name: str, gpu: bool) -> dict[str, str]:
 def _debian_toolkit(cuda: str) -> dict[str, Any]:
     toolkit = cudasource.debian_toolkit(cuda)
     if toolkit is None:  # the rules say so first; a direct caller gets the same line
-        raise KitError("cuda.version", f"no Debian release packages CUDA {cuda}",
-                       f"use one of {', '.join(cudasource.debian_versions())} with cuda.source: debian")
+        raise KitError("cuda.version", *cudasource.unknown_debian_version(cuda))
     return toolkit
 
 
@@ -67,10 +66,6 @@ def nccl_facts(config: StackConfig, name: str) -> dict[str, Any]:
     }
 
 
-def _archs(config: StackConfig) -> list[int]:
-    return [int(a) for a in config.hardware.archs]
-
-
 def _new(have: list[str], wanted: list[str]) -> list[str]:
     """``wanted`` less what ``have`` already lists, in order, once each."""
     out: list[str] = []
@@ -86,11 +81,11 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
     flavor_name = serving.flavor(config, name)
     flavor = engine.flavors[flavor_name]
     gpu = flavor.gpu
-    arch_list = _archs(config) if gpu else []
+    arch_list = archs.configured(config) if gpu else []
     wheels = gpu and config.cuda.source == "wheels"
-    debian_cuda = _debian_toolkit(engine_cuda_version(config, name)) if gpu and config.cuda.source == "debian" else None
     pip_nccl = gpu and config.nccl.source == "pip"
     cuda_version = engine_cuda_version(config, name)
+    debian_cuda = _debian_toolkit(cuda_version) if gpu and config.cuda.source == "debian" else None
     cuda_pin = f"=={major_minor(cuda_version)}.*"
     nccl = nccl_facts(config, name) if gpu else None
     ref = str(settings.get("ref") or engine.source.ref or engine.version)

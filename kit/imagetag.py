@@ -21,7 +21,7 @@ def image_tag(config: StackConfig, name: str) -> str:
     gpu = engine.flavors[serving.flavor(config, name)].gpu
     ref = str(settings.get("ref") or engine.version).lstrip("v")
     if gpu:
-        suffix = f"cu{engine_cuda_version(config, name)}-{archs.label([int(a) for a in config.hardware.archs])}"
+        suffix = f"cu{engine_cuda_version(config, name)}-{archs.label(archs.configured(config))}"
     else:
         suffix = "cpu"
     return f"{config.build.registry}/{engine.slug}:{ref}-{suffix}"

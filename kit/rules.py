@@ -160,16 +160,15 @@ def debian_packages_cuda(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
         return None
     value = _version_text(f.get("cuda.version", ""))
     toolkit = cudasource.debian_toolkit(value) if is_version(value) else None
-    known = ", ".join(f"{v} ({t['suite']})" for v, t in cudasource.table()["debian"].items())
     if toolkit is None:
-        return {"field": "cuda.version", "problem": f"no Debian release packages CUDA {value}; Debian has {known}",
-                "fix": "set cuda.version to one of those with cuda.source: debian"}
+        problem, fix = cudasource.unknown_debian_version(value)
+        return {"field": "cuda.version", "problem": problem, "fix": fix}
     if _gpu_engines(f):
         too_new = [a for a in f.get("hardware.archs") or [] if a > toolkit["max_arch"]]
         if too_new:
             return {"field": "hardware.archs",
                     "problem": f"Debian's CUDA {value} ({toolkit['suite']}) cannot compile sm_{too_new[0]}",
-                    "fix": f"use a newer toolkit ({known}) or cuda.source: image"}
+                    "fix": f"use a newer toolkit ({cudasource.debian_known()}) or cuda.source: image"}
     return None
 
 
