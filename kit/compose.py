@@ -140,11 +140,16 @@ def compose_yaml(config: StackConfig) -> str:
     return HEADER.format(version=__version__) + text
 
 
+def host_model_dir(config: StackConfig) -> str:
+    """The host folder mounted read-only at the engine's model path, absolute."""
+    return str(Path(config.model.dir).expanduser().resolve())
+
+
 def env_text(config: StackConfig, existing: dict[str, str] | None = None) -> str:
     """``.env``: the model folder and the API key (kept across renders so clients keep working)."""
     existing = existing or {}
-    model_dir = str(Path(config.model.dir).expanduser().resolve())
-    lines = ["# kit: secrets and host paths for compose. Mode 0600; never commit.", f"{MODEL_DIR_VAR}={model_dir}"]
+    lines = ["# kit: secrets and host paths for compose. Mode 0600; never commit.",
+             f"{MODEL_DIR_VAR}={host_model_dir(config)}"]
     if config.serve.api_key:
         key = existing.get(API_KEY_VAR) or "kit-" + secrets.token_urlsafe(24)
         lines.append(f"{API_KEY_VAR}={key}")

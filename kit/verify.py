@@ -400,10 +400,16 @@ def user(ins: Inspection) -> tuple[str, str]:
     return "ok", f"runs as uid {uid}" + (f" ({declared})" if declared and declared != uid else "")
 
 
+def _healthcheck_test(ins: Inspection) -> list[str]:
+    """The image's HEALTHCHECK test (``["CMD", ...]`` or ``["CMD-SHELL", "..."]``); empty when there is none."""
+    test = (ins.config.get("Healthcheck") or {}).get("Test") or []
+    return [] if not test or test[0] == "NONE" else test
+
+
 @check("healthcheck")
 def healthcheck(ins: Inspection) -> tuple[str, str]:
-    test = (ins.config.get("Healthcheck") or {}).get("Test") or []
-    if not test or test[0] == "NONE":
+    test = _healthcheck_test(ins)
+    if not test:
         return "fail", "no HEALTHCHECK"
     argv = test[1:] if test[0] == "CMD" else shlex.split(" ".join(test[1:]))  # CMD-SHELL: its first word
     program = argv[0] if argv else ""
@@ -424,33 +430,32 @@ def serves(ins: Inspection) -> tuple[str, str]:
     HEALTHCHECK test polled every second: healthy within the stack's start period, or why not."""
     import time
 
-    from kit import serving
+    from kit import compose, deploy, serving
 
     if ins.stack is None:
         raise _Skip("pass --serve (with -c kit.yaml) to start the engine on the stack's model")
-    test = (ins.config.get("Healthcheck") or {}).get("Test") or []
-    if not test or test[0] == "NONE":
+    test = _healthcheck_test(ins)
+    if not test:
         return "fail", "no HEALTHCHECK to wait for"
     engine = _need_manifest(ins).get("engine", "")
     argv = serving.command(ins.stack, engine)
     timeout_s = serving.start_period_s(ins.stack)
     container = dockerhost.client().containers.run(
         ins.image.id, command=argv, detach=True, labels={"io.kit.verify": "1"},
-        volumes={str(Path(ins.stack.model.dir).expanduser().resolve()): {"bind": serving.MODEL_MOUNT, "mode": "ro"}},
+        volumes={compose.host_model_dir(ins.stack): {"bind": serving.MODEL_MOUNT, "mode": "ro"}},
         healthcheck={"Test": test, "Interval": 1_000_000_000, "Timeout": 5_000_000_000, "Retries": 3,
                      "StartPeriod": int(timeout_s * 1e9)})
     try:
-        started, state = time.monotonic(), {}
+        started, status = time.monotonic(), ""
         while time.monotonic() < started + timeout_s:
-            container.reload()
-            state = container.attrs["State"]
-            if (state.get("Health") or {}).get("Status") == "healthy":
+            status = deploy.health(container)  # the compose stack's own reading of a container's state
+            if status == "healthy":
                 return "ok", f"healthy {time.monotonic() - started:.0f} s after start ({' '.join(test[1:])[:60]})"
-            if state.get("Status") == "exited":
+            if status == "exited":
                 break
             time.sleep(1)
         last = container.logs(tail=3).decode(errors="replace").strip().splitlines()
-        why = (f"exited {state.get('ExitCode')}" if state.get("Status") == "exited"
+        why = (f"exited {container.attrs['State'].get('ExitCode')}" if status == "exited"
                else f"was not healthy within {timeout_s} s")
         return "fail", f"the engine {why}: {(last or ['no log'])[-1][:160]}"
     finally:
