@@ -83,9 +83,10 @@ def model_size_gib(config: StackConfig) -> float:
     from kit.modelinfo import split_parts
 
     path = host_model_path(config, config.stack.primary)
-    parts = [path.with_name(n) for n in split_parts(path.name)]
-    if path.is_dir():
+    if path.is_dir():  # an HF folder: all its files
         parts = [p for p in path.rglob("*") if p.is_file()]
+    else:
+        parts = [path.with_name(n) for n in split_parts(path.name)]
     if parts and all(p.is_file() for p in parts):
         return sum(p.stat().st_size for p in parts) / 2**30
     return config.model.size_gib

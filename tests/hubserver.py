@@ -90,6 +90,19 @@ class Storage:
         return sum(r[2] for r in self.sent)
 
 
+def publish(storage: Storage, repo: Repo) -> Repo:
+    """Put a repo's files into the storage host by their sha256 (hashed here unless the repo names it)."""
+    for path, disk in repo.files.items():
+        if path not in repo.sha256:
+            digest = hashlib.sha256()
+            with open(disk, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    digest.update(chunk)
+            repo.sha256[path] = digest.hexdigest()
+        storage.blobs[repo.sha256[path]] = disk
+    return repo
+
+
 class Hub:
     def __init__(self, storage: Storage, storage_url: str) -> None:
         self.repos: dict[str, Repo] = {}
@@ -97,15 +110,7 @@ class Hub:
         self.requests: list[tuple[str, str]] = []
 
     def add(self, repo_id: str, repo: Repo) -> None:
-        for path, disk in repo.files.items():
-            if path not in repo.sha256:
-                digest = hashlib.sha256()
-                with open(disk, "rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 22), b""):
-                        digest.update(chunk)
-                repo.sha256[path] = digest.hexdigest()
-            self.storage.blobs[repo.sha256[path]] = disk
-        self.repos[repo_id] = repo
+        self.repos[repo_id] = publish(self.storage, repo)
 
     @staticmethod
     def error(status: int, code: str, message: str) -> Response:
@@ -169,11 +174,7 @@ class ModelScope:
         self.requests: list[tuple[str, str]] = []
 
     def add(self, repo_id: str, repo: Repo) -> None:
-        for path, disk in repo.files.items():
-            if path not in repo.sha256:
-                repo.sha256[path] = hashlib.sha256(disk.read_bytes()).hexdigest()
-            self.storage.blobs[repo.sha256[path]] = disk
-        self.repos[repo_id] = repo
+        self.repos[repo_id] = publish(self.storage, repo)
 
     @staticmethod
     def error(status: int, message: str) -> Response:
