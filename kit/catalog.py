@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kit import paths
 from kit.errors import KitError
@@ -103,13 +103,42 @@ class PlanFacts(_Record):
 class ServeArg(_Record):
     flag: str
     value: str | None = None
-    when: str | None = None
+    when: str | None = None  # a context key that must be truthy for the flag to be given
+    unless: str | None = None  # one that must be falsy (a default-on switch turned off: --no-enable-...)
 
 
 class Serve(_Record):
     args: list[ServeArg]
     env: dict[str, str] = Field(default_factory=dict)
     api_key_env: str = ""
+
+
+class TuneDim(_Record):
+    """One setting kit tune may change: the values it tries, in order, and a serve-context key that must be truthy
+    for the setting to mean anything (``speculative``, ``multi_gpu``)."""
+
+    values: list[Any] = Field(min_length=1)
+    when: str | None = None
+
+
+class TuneConstraint(_Record):
+    setting: str
+    at_most: str  # another setting of the space (or of the engine) that caps this one
+
+
+class TuneSpace(_Record):
+    """``tune:`` in an engine's YAML (or a ``--space`` file): keys are engine settings, or ``section.field`` of the
+    stack (``serve.concurrency``)."""
+
+    space: dict[str, TuneDim] = Field(default_factory=dict)
+    constraints: list[TuneConstraint] = Field(default_factory=list)
+
+    @field_validator("space", mode="before")
+    @classmethod
+    def _lists_are_values(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: {"values": v} if isinstance(v, list) else v for k, v in value.items()}
+        return value
 
 
 class Engine(_Record):
@@ -133,6 +162,7 @@ class Engine(_Record):
     model_dependent: dict[str, ModelDependent] = Field(default_factory=dict)
     plan: PlanFacts
     serve: Serve
+    tune: TuneSpace = Field(default_factory=TuneSpace)
 
     @property
     def slug(self) -> str:

@@ -683,6 +683,72 @@ def bench(
         raise CheckFailed("some requests failed (counted above)")
 
 
+@app.command()
+def tune(
+    config_path: Optional[Path] = ConfigOpt,
+    output: Path = OutOpt,
+    engine: Optional[str] = typer.Option(None, "--engine", help="The engine to tune (default: stack.primary)."),
+    objective: str = typer.Option("decode", "--objective", help="decode | throughput | ttft (images/tune.yaml)."),
+    budget: str = typer.Option("30m", "--budget", help="Time for the search, e.g. 30m, 90s, 1h30m."),
+    space: Optional[Path] = typer.Option(None, "--space", help="A search space file (space: setting: list of values) "
+                                                               "instead of the engine's own (tune: in its YAML)."),
+    write: bool = typer.Option(False, "--write", help="Put the winner into kit.yaml, with the measurement as a comment."),
+    exec_binary: Optional[Path] = typer.Option(None, "--exec", help="Start this engine binary on this host (no "
+                                                                     "Docker) instead of the compose stack."),
+    port: int = typer.Option(18080, "--port", help="With --exec: the port the engine listens on (127.0.0.1)."),
+    users: Optional[int] = typer.Option(None, "--users", help="Requests at once (default: the objective's)."),
+    requests_n: Optional[int] = typer.Option(None, "--requests", help="Requests per measurement."),
+    journal: Optional[Path] = typer.Option(None, "--journal", help="Trials as JSON lines; an interrupted tune "
+                                                                   "resumes from it (default: ./tune-ENGINE.jsonl; not "
+                                                                   "in OUTPUT, which every render replaces whole)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start over: forget the journal's trials."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds for the engine to turn healthy."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of the objective per trial."),
+) -> None:
+    """Search the serve settings for the fastest on this box, measured with kit bench's client; --write keeps them."""
+    import yaml
+
+    from kit import catalog, tune as tuner
+    from kit.tunerun import ComposeRunner, ExecRunner
+
+    if config_path is None and DEFAULT_CONFIG.is_file():
+        config_path = DEFAULT_CONFIG
+    config = _config(config_path)
+    raw = yaml.safe_load(config_path.read_text(encoding="utf-8")) if config_path else {}
+    if write and config_path is None:
+        raise KitError("--write", "there is no kit.yaml to write the winner to", "pass -c kit.yaml (`kit init` writes one)")
+    name = engine or config.stack.primary
+    slug = catalog.get(name, field="--engine").slug
+    seconds = tuner.budget_seconds(budget)
+    tuner.objective(objective)
+    if exec_binary is not None:
+        runner = ExecRunner(exec_binary, name, port, Path(f"tune-{slug}.log"), timeout or 600)
+    else:
+        runner = ComposeRunner(output, name, timeout, _echo)
+    result = tuner.run(raw, runner, engine=name, objective_name=objective, budget_s=seconds,
+                       space_path=space, users=users, requests_n=requests_n,
+                       journal_path=journal or Path(f"tune-{slug}.jsonl"), fresh=fresh, echo=_echo)
+    table = Table("trial", "settings (from the start)", objective, "limits", "decode tok/s (% roofline)", "why",
+                  title=f"kit tune {name}: {result.spec['summary']}")
+    for row in tuner.rows(result):
+        table.add_row(*row)
+    out.print(table)
+    for line in tuner.summary(result):
+        _echo(line)
+    if plot_out:
+        tuner.plot(result, plot_out)
+        _echo(f"plot: {plot_out}")
+    changed = tuner.changes(result)
+    if write and changed:
+        for line in tuner.write(config_path, result):
+            _echo(f"wrote {config_path}: {line}")
+    elif changed:
+        now = "the stack now runs the best settings; " if runner.stays else ""
+        _echo(f"{now}kit.yaml keeps them only with --write ({', '.join(f'{k}: {v}' for k, v in changed.items())})")
+    elif result.result.best is not None:
+        _echo("the starting settings were the best: kit.yaml is left as it is")
+
+
 def main() -> None:
     try:
         code = app(standalone_mode=False)

@@ -57,7 +57,10 @@ def health(container: Any) -> str:
     return (state.get("Health") or {}).get("Status", "running")
 
 
-def wait_healthy(config: StackConfig, timeout_s: float, echo: Callable[[str], None]) -> None:
+def wait_healthy(config: StackConfig, timeout_s: float, echo: Callable[[str], None],
+                 fail_on_restart: bool = False) -> None:
+    """Until every service is healthy. ``fail_on_restart``: a container restarting counts as stopped (kit tune: the
+    engine crashed at start on a trial's settings, and waiting out the timeout would only repeat the crash)."""
     start = time.monotonic()
     deadline = start + timeout_s
     last = ""
@@ -69,7 +72,7 @@ def wait_healthy(config: StackConfig, timeout_s: float, echo: Callable[[str], No
             last = line
         if states and all(v == "healthy" for v in states.values()):
             return
-        bad = [k for k, v in states.items() if v in ("exited", "dead")]
+        bad = [k for k, v in states.items() if v in ("exited", "dead") or fail_on_restart and v == "restarting"]
         if bad or time.monotonic() > deadline:
             reason = f"{', '.join(bad)} stopped" if bad else f"not healthy after {timeout_s:.0f}s"
             raise CheckFailed(f"stack {reason}: {line} (see `kit logs --check`)")
@@ -168,7 +171,7 @@ def preflight(config: StackConfig) -> None:
 
 
 def deploy(config: StackConfig, out: Path, timeout_s: float | None = None,
-           echo: Callable[[str], None] = print) -> str:
+           echo: Callable[[str], None] = print, fail_on_restart: bool = False) -> str:
     from kit import resolve
 
     preflight(config)
@@ -176,7 +179,8 @@ def deploy(config: StackConfig, out: Path, timeout_s: float | None = None,
     for note in resolve.notes(config):
         echo(f"note: {note}")
     _compose(out, "up", "-d", "--remove-orphans")
-    wait_healthy(config, timeout_s or max(120.0, 2.0 * 60 + 20 * resolve.model_size_gib(config)), echo)
+    wait_healthy(config, timeout_s or max(120.0, 2.0 * 60 + 20 * resolve.model_size_gib(config)), echo,
+                 fail_on_restart)
     url = endpoint(config)
     echo(f"smoke: {smoke(url, api_key(out), config.model.name)}")
     return url
@@ -197,8 +201,8 @@ def status(config: StackConfig | None) -> list[dict[str, str]]:
     return sorted(rows, key=lambda r: (r["stack"], r["service"]))
 
 
-def logs(out: Path, tail: int = 2000) -> str:
-    result = _compose(out, "logs", "--no-color", "--tail", str(tail))
+def logs(out: Path, tail: int = 2000, service: str | None = None) -> str:
+    result = _compose(out, "logs", "--no-color", "--tail", str(tail), *([service] if service else []))
     return result.stdout + result.stderr
 
 

@@ -12,20 +12,24 @@ from kit.config import StackConfig
 from kit.errors import KitError
 
 MODEL_MOUNT = "/models"
+LISTEN = "0.0.0.0"  # inside a container: every interface of its own network namespace (compose publishes the port)
 
 
-def context(config: StackConfig, name: str) -> dict[str, Any]:
-    """Values the flag templates may use: the resolved engine settings plus stack facts."""
+def context(config: StackConfig, name: str, *, model_dir: str = MODEL_MOUNT, host: str = LISTEN,
+            port: int | None = None) -> dict[str, Any]:
+    """Values the flag templates may use: the resolved engine settings plus stack facts. ``model_dir``, ``host`` and
+    ``port`` place the engine elsewhere than in its container (``kit tune --exec`` starts the binary on this host)."""
     engine = catalog.get(name)
     resolved = resolve.engine(config, name)
     backend = engine.flavors[resolved.flavor].backend
     ctx: dict[str, Any] = dict(resolved.settings)
     ctx.update(
-        model_path=f"{MODEL_MOUNT}/{resolved.model_file}",
+        model_path=f"{model_dir}/{resolved.model_file}",
         model_name=config.model.name,
         ctx=resolved.ctx,
         slots=resolved.slots,
-        port=engine.port,
+        host=host,
+        port=port or engine.port,
         gpus=config.hardware.gpus,
         gpu=resolved.gpu,
         multi_gpu=resolved.gpu and config.hardware.gpus > 1,
@@ -45,14 +49,15 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-def command(config: StackConfig, name: str) -> list[str]:
-    """The argv after the entrypoint, one list item per token (so paths with spaces survive)."""
+def command(config: StackConfig, name: str, **place: Any) -> list[str]:
+    """The argv after the entrypoint, one list item per token (so paths with spaces survive); ``place`` as in
+    ``context``."""
     engine = catalog.get(name)
-    ctx = context(config, name)
+    ctx = context(config, name, **place)
     formatted = {k: _format(v) for k, v in ctx.items()}
     argv: list[str] = []
     for arg in engine.serve.args:
-        if arg.when and not ctx.get(arg.when):
+        if arg.when and not ctx.get(arg.when) or arg.unless and ctx.get(arg.unless):
             continue
         argv.append(arg.flag)
         if arg.value is not None:

@@ -241,3 +241,67 @@ def test_verify_serves_fails_with_the_engines_reason(stack, tmp_path, cpu_image)
     assert result.returncode == 1
     (check,) = json.loads(result.stdout)
     assert check["status"] == "fail" and check["detail"].startswith("the engine exited 1: "), check
+
+
+def _container_argv(config) -> list[str]:
+    from kit.tunerun import process_argv
+
+    (container,) = deploy.containers(config)
+    container.reload()
+    return process_argv(int(container.attrs["State"]["Pid"]))
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_kit_tune_restarts_the_real_engine_per_trial_and_leaves_the_stack_on_the_winner(stack, tmp_path, cpu_image):
+    """kit tune on the deployed cpu stack: two real settings, every trial a restart of the real llama-server with its
+    flags (read from the container's process), the winner written, the stack healthy on it, no image rebuilt."""
+    path, config = stack("kitci-tune")
+    deployed = kit("deploy", "-c", str(path), "-o", "out", cwd=tmp_path)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    before = yaml.safe_load((tmp_path / "out/compose.yaml").read_text())
+    image_id = dockerhost.client().images.get(cpu_image.tag).id
+    (tmp_path / "space.yaml").write_text("space:\n  serve.concurrency: [1, 2]\n  ubatch: [256, 512]\n")
+    done = kit("tune", "-c", str(path), "-o", "out", "--space", "space.yaml", "--requests", "2", "--budget", "10m",
+               "--write", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    lines = [json.loads(line) for line in (tmp_path / "tune-llama-cpp.jsonl").read_text().splitlines()][1:]
+    measured = [t for t in lines if t["measurement"]["status"] in ("ok", "pruned")]
+    # the start (concurrency 4 from the cpu preset, ubatch 512), then concurrency 1 and 2, then the other ubatch
+    assert len(measured) >= 3, done.stdout
+    for t in measured:
+        argv = t["measurement"]["argv"]
+        assert argv[0] == "/app/llama-server", argv
+        assert _flag(argv, "--parallel") == str(t["point"]["serve.concurrency"])
+        assert _flag(argv, "--ubatch-size") == str(t["point"]["ubatch"])
+    # (a point within noise of the best is measured again: the same point may appear more than once)
+    assert len({(t["point"]["serve.concurrency"], t["point"]["ubatch"]) for t in measured}) >= 3
+    print(done.stdout)
+
+    best_line = next(line for line in done.stdout.splitlines() if line.startswith("best: "))
+    written = cfg.load(path)
+    rules.validate(written)
+    best = {"serve.concurrency": written.serve.concurrency, "ubatch": written.engine_settings("llama.cpp")["ubatch"]}
+    assert best_line.startswith(f"best: serve.concurrency={best['serve.concurrency']} ubatch={best['ubatch']} = ")
+    # the stack is left healthy, on the winner
+    deploy.wait_healthy(written, 60, echo=lambda _l: None)
+    running = _container_argv(written)
+    assert _flag(running, "--parallel") == str(best["serve.concurrency"])
+    assert _flag(running, "--ubatch-size") == str(best["ubatch"])
+    # a re-render of the written kit.yaml changes the engine's serve flags only, and runs the same image
+    rendered = kit("render", "-c", str(path), "-o", "again", cwd=tmp_path)
+    assert rendered.returncode == 0, rendered.stderr
+    after = yaml.safe_load((tmp_path / "again/compose.yaml").read_text())
+    engine_before, engine_after = before["services"]["llama-cpp"], after["services"]["llama-cpp"]
+    assert {k: v for k, v in engine_before.items() if k != "command"} == \
+        {k: v for k, v in engine_after.items() if k != "command"}
+    assert {**before, "services": None} == {**after, "services": None}
+    changed = {engine_before["command"][i - 1] for i, (a, b) in
+               enumerate(zip(engine_before["command"], engine_after["command"])) if a != b}
+    assert changed <= {"--parallel", "--ubatch-size"}, changed
+    assert dockerhost.client().images.get(cpu_image.tag).id == image_id
+    (container,) = deploy.containers(written)
+    assert container.image.id == image_id
