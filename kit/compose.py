@@ -45,9 +45,16 @@ def logging_block() -> dict[str, Any]:
     return {"driver": "json-file", "options": {"max-size": "50m", "max-file": "3"}}
 
 
+# Docker turns every NVIDIA capability of the request into NVIDIA_DRIVER_CAPABILITIES, appended after the image's own
+# (moby daemon/nvidia_linux.go, setNvidiaGPUs), and the hook mounts exactly those driver parts (nvidia-container-toolkit
+# HookConfig.getDriverCapabilities; the last value wins). "utility" alone mounts nvidia-smi but not libcuda.so.1, so
+# the engine finds no CUDA driver: ask for compute too.
+GPU_CAPABILITIES = ["gpu", "compute", "utility"]
+
+
 def gpu_block(device_ids: list[str]) -> dict[str, Any]:
     return {"resources": {"reservations": {"devices": [
-        {"driver": "nvidia", "device_ids": list(device_ids), "capabilities": ["gpu", "utility"]}]}}}
+        {"driver": "nvidia", "device_ids": list(device_ids), "capabilities": list(GPU_CAPABILITIES)}]}}}
 
 
 # pinned host memory for CUDA transfers and NCCL; CPU engines need neither

@@ -195,9 +195,14 @@ def has_cdi_spec() -> bool:
     return any(d.is_dir() and any(d.glob("nvidia*.y*ml")) for d in CDI_DIRS)
 
 
+NVIDIA_HOOK = "nvidia-container-runtime-hook"
+
+
 def gpu_runtime(info: dict[str, Any]) -> bool:
-    """Docker can hand NVIDIA GPUs to a container: the nvidia runtime is registered, or a CDI spec exists."""
-    return "nvidia" in (info.get("Runtimes") or {}) or has_cdi_spec()
+    """Docker can hand NVIDIA GPUs to a container: the nvidia runtime is registered, a CDI spec exists, or the NVIDIA
+    hook is installed (dockerd registers its "nvidia" device driver when it finds the hook on its PATH: moby
+    daemon/nvidia_linux.go, init; compose's device reservations need nothing more)."""
+    return "nvidia" in (info.get("Runtimes") or {}) or has_cdi_spec() or shutil.which(NVIDIA_HOOK) is not None
 
 
 def check_docker(report: Report, info: dict[str, Any] | None, compose_ok: bool, gpu: bool = True) -> None:
@@ -211,7 +216,7 @@ def check_docker(report: Report, info: dict[str, Any] | None, compose_ok: bool, 
     elif not gpu:
         report.add("gpu-runtime", "ok", "no NVIDIA runtime; not needed by this CPU-only stack")
     else:
-        report.add("gpu-runtime", "fail", "no NVIDIA runtime in docker info and no CDI spec: install "
+        report.add("gpu-runtime", "fail", f"no NVIDIA runtime in docker info, no {NVIDIA_HOOK} and no CDI spec: install "
                                           "nvidia-container-toolkit, run `nvidia-ctk runtime configure`, restart dockerd")
     report.add("compose", "ok" if compose_ok else "fail",
                "docker compose v2 available" if compose_ok else "no compose v2: install the docker compose plugin")

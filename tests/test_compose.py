@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from kit import dockerhost, render
+from kit import compose, dockerhost, render
 from tests.conftest import make_config
 from tests.golden_cases import CASES
 
@@ -54,7 +54,8 @@ def test_real_compose_accepts_every_case(case, tmp_path):
         for device in devices:
             assert device["driver"] == "nvidia" and "count" not in device
             assert device["device_ids"] == config.hardware.device_ids
-            assert device["capabilities"] == ["gpu", "utility"]
+            # compute: without it the NVIDIA hook mounts no libcuda.so.1 (test_wheel_engine.py runs the stand-in hook)
+            assert set(device["capabilities"]) == {"gpu", "compute", "utility"}
 
 
 @needs_compose
@@ -125,3 +126,72 @@ def test_front_door_has_backup_upstream(tmp_path):
     compose = yaml.safe_load((out / "compose.yaml").read_text())
     assert compose["services"]["front-door"]["ports"] == ["127.0.0.1:8080:8080"]
     assert compose["services"]["ninfer"]["ports"] == ["127.0.0.1:8081:8000"]
+
+
+def test_the_front_door_service_and_the_engines_labels_by_hand():
+    """ninfer-primary, written out from what each field is for: nginx started by its own binary on kit's conf, the
+    conf mounted read-only, health from /kit/health, restarted unless stopped, json-file logs capped at 3 x 50 MB,
+    and the role labels `kit status` / `kit down` find the stack by."""
+    config = make_config({"preset": "ninfer-primary", "stack": {"name": "seed"}})
+    services = compose.compose_dict(config)["services"]
+    logs = {"driver": "json-file", "options": {"max-size": "50m", "max-file": "3"}}
+    assert services["front-door"] == {
+        "image": "kit/front-door:0.1.0", "pull_policy": "never", "container_name": "seed-front-door",
+        "entrypoint": ["/usr/sbin/nginx"], "command": ["-c", "/etc/kit/nginx.conf", "-g", "daemon off;"],
+        "ports": ["127.0.0.1:8080:8080"], "volumes": ["./front-door/nginx.conf:/etc/kit/nginx.conf:ro"],
+        "depends_on": {"ninfer": {"condition": "service_started"}, "llama-cpp": {"condition": "service_started"}},
+        "healthcheck": {"test": ["CMD", "curl", "-fsS", "http://127.0.0.1:8080/kit/health"], "interval": "10s",
+                        "timeout": "3s", "retries": 3, "start_period": "10s"},
+        "restart": "unless-stopped", "logging": logs, "labels": {"io.kit.role": "front-door"}}
+    assert services["ninfer"]["labels"] == {"io.kit.role": "primary", "io.kit.engine": "ninfer"}
+    assert services["llama-cpp"]["labels"] == {"io.kit.role": "fallback", "io.kit.engine": "llama.cpp"}
+    assert services["ninfer"]["logging"] == logs and services["ninfer"]["pull_policy"] == "never"
+    assert services["ninfer"]["deploy"] == {"resources": {"reservations": {"devices": [
+        {"driver": "nvidia", "device_ids": ["0", "1"], "capabilities": ["gpu", "compute", "utility"]}]}}}
+    assert services["ninfer"]["healthcheck"]["retries"] == 3
+    # images pushed to a registry may be pulled when missing; built here, never
+    pushed = compose.compose_dict(make_config({"preset": "ninfer-primary", "build": {"push": True}}))
+    assert pushed["services"]["ninfer"]["pull_policy"] == "missing"
+
+
+def test_no_api_key_means_no_key_variable_anywhere():
+    config = make_config({"serve": {"api_key": False}})
+    assert "LLAMA_API_KEY" not in compose.compose_dict(config)["services"]["llama-cpp"]["environment"]
+    assert "KIT_API_KEY" not in compose.env_text(config)
+
+
+def test_env_file_text_and_reading_it_back(tmp_path):
+    """.env: a comment, the model folder, then the key (kit- and 32 URL-safe characters for 24 random bytes); reading
+    it back skips comments and blank lines, splits at the first '=', and unquotes."""
+    config = make_config({"model": {"dir": str(tmp_path / "models")}})
+    lines = compose.env_text(config).split("\n")
+    assert lines[0] == "# kit: secrets and host paths for compose. Mode 0600; never commit."
+    assert lines[1] == f"KIT_MODEL_DIR={tmp_path / 'models'}"
+    assert lines[2].startswith("KIT_API_KEY=kit-") and len(lines[2]) == len("KIT_API_KEY=kit-") + 32
+    assert lines[3:] == [""]
+    env = tmp_path / ".env"
+    env.write_text('# KIT_API_KEY=commented\n  # x=y\nKIT_API_KEY = "kit-a=b"\nno equals sign\nKIT_MODEL_DIR=/m\n')
+    assert compose.read_env(env) == {"KIT_API_KEY": "kit-a=b", "KIT_MODEL_DIR": "/m"}
+    assert compose.read_env(tmp_path / "missing") == {}
+    kept = compose.files(config, tmp_path)[".env"]
+    assert "KIT_API_KEY=kit-a=b\n" in kept
+
+
+def test_compose_yaml_keeps_the_order_and_the_characters(tmp_path):
+    """A reader sees image, entrypoint, command in kit's order, and a model named in Chinese as it is."""
+    text = compose.compose_yaml(make_config({"preset": "cpu", "model": {"file": "千问-27B.gguf"}}))
+    assert text.startswith("# Rendered by kit 0.1.0: edit kit.yaml")
+    body = text.split("services:\n", 1)[1]
+    assert body.index("image:") < body.index("entrypoint:") < body.index("command:")
+    assert "千问-27B.gguf" in text and "command:\n    - --model" in text
+
+
+def test_the_front_door_image_files(tmp_path):
+    ca = tmp_path / "ca.crt"
+    ca.write_text("cert")
+    files = compose.front_door_image_files(make_config({"mirrors": {"ca_bundle": str(ca)},
+                                                        "base": {"runtime": "kit/base:trixie"}}))
+    assert set(files) == {"Dockerfile", "kit/ca.crt"} and files["kit/ca.crt"] == ca
+    assert "ARG RUNTIME_IMAGE=kit/base:trixie\n" in files["Dockerfile"]
+    plain = compose.front_door_image_files(make_config({"mirrors": {"registry": "mirror.example/"}}))
+    assert set(plain) == {"Dockerfile"} and "ARG RUNTIME_IMAGE=mirror.example/debian:bookworm-slim\n" in plain["Dockerfile"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -30,6 +31,18 @@ def fake_smi(monkeypatch):
         else:
             monkeypatch.setenv("PATH", "/usr/bin:/bin")
     return use
+
+
+@pytest.fixture(autouse=True)
+def docker_disk(monkeypatch):
+    """The free space under DockerRootDir, pinned: the doctor's verdict must not depend on the disk of the machine
+    that runs the tests (CI's had under the 40 GiB of images/drivers.yaml and turned a healthy box into a warning)."""
+    free = {"gib": 100}
+
+    def disk_usage(path):
+        return shutil._ntuple_diskusage(200 * 2**30, (200 - free["gib"]) * 2**30, free["gib"] * 2**30)
+    monkeypatch.setattr(doctor.shutil, "disk_usage", disk_usage)
+    return free
 
 
 def run(config_data: dict, docker=DOCKER_GPU):
@@ -68,6 +81,15 @@ def test_healthy_sxm2_nvlink(fake_smi, model_here):
     assert checks["driver"].status == "ok" and "R580" in checks["driver"].detail
     assert checks["gpus"].status == "ok"
     assert all(f.status == "ok" for f in report.findings), report.as_dicts()
+
+
+def test_little_room_for_images_is_a_warning(fake_smi, model_here, docker_disk):
+    fake_smi("sxm2-nvlink")
+    docker_disk["gib"] = 12
+    checks = by_check(run({"model": model_here}))
+    # images/drivers.yaml: min_docker_free_gib 40; 12 < 40
+    assert checks["disk"].status == "warn"
+    assert checks["disk"].detail == "12 GiB free in /; CUDA builds need ~40 GiB"
 
 
 def test_context_past_the_trained_length_is_a_warning(fake_smi, model_here):
@@ -163,8 +185,16 @@ def test_deploy_preflight_wants_a_gpu_runtime_for_gpu_flavors(monkeypatch, tmp_p
     monkeypatch.setattr(doctor, "CDI_DIRS", [tmp_path / "cdi"])
     with _pytest.raises(KitError) as err:
         deploy.require_gpus(make_config({}))
-    assert err.value.field == "hardware.gpus" and "no NVIDIA runtime or CDI spec" in err.value.problem
+    assert err.value.field == "hardware.gpus" and "no NVIDIA runtime, hook or CDI spec" in err.value.problem
     deploy.require_gpus(make_config({"preset": "cpu"}))  # a cpu stack needs none
+    # the NVIDIA hook on PATH: dockerd registers its "nvidia" device driver (moby daemon/nvidia_linux.go, init)
+    hook = tmp_path / "bin" / "nvidia-container-runtime-hook"
+    hook.parent.mkdir()
+    hook.write_text("#!/bin/sh\n")
+    hook.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{hook.parent}:{os.environ['PATH']}")
+    deploy.require_gpus(make_config({}))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
     (tmp_path / "cdi").mkdir()
     (tmp_path / "cdi" / "nvidia.yaml").write_text("cdiVersion: 0.5.0\n")
     deploy.require_gpus(make_config({}))  # a CDI spec is enough
