@@ -51,6 +51,9 @@ class BuildInputs(_Record):
     cmake: dict[str, str] = Field(default_factory=dict)
     targets: list[str] = Field(default_factory=list)
     torch_index: str = ""
+    # the build runs nvcc (cuda.source: debian installs the toolkit for it); an engine installed from built wheels
+    # does not, and its builder need not download a CUDA toolkit
+    compiles_cuda: bool = True
 
 
 class RuntimeInputs(_Record):

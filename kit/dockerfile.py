@@ -111,7 +111,7 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
     else:
         cmake_flags.update(gpu_flags)
 
-    debian_builder = debian_cuda["builder_packages"] if debian_cuda else []
+    debian_builder = debian_cuda["builder_packages"] if debian_cuda and engine.build.compiles_cuda else []
     pip = PIP_PACKAGES if wheels or pip_nccl or engine.recipe != "cmake" else []
     probe = ["build-essential"] if nccl else []  # compiles the kit-nccl-version probe
     build_packages = list(engine.build.packages)
@@ -174,6 +174,7 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
         "backend": backend,
         "targets": engine.build.targets,
         "binaries": engine.runtime.binaries,
+        "libraries": engine.runtime.libraries,  # shell patterns of the shared libraries the runtime stage keeps
         "prefix": engine.runtime.prefix,
         "build_packages": build_packages,
         "toolchain_packages": toolchain_packages,
