@@ -500,12 +500,11 @@ def plan(
     """Will it fit? Per-GPU weights, KV cache, compute and overhead; the largest context; the cheapest fix."""
     import json as jsonlib
 
-    from kit import modelinfo
     from kit import plan as planner
 
     config = _config(config_path)
     if stack:
-        models = {n: modelinfo.read(planner.model_path(config, n, None)) for n in config.engine_names()}
+        models = {n: planner.read_model(config, n, None) for n in config.engine_names()}
         together = planner.plan_stack(config, models)
         gib = planner.GIB
         table = Table("GPU", *[f"{p.engine} (GiB)" for p in together.plans], "together", "of", "fits",
@@ -526,7 +525,7 @@ def plan(
     if model_file and model_file.startswith(("hf:", "modelscope:")):
         info = _remote_info(config, model_file, file)
     else:
-        info = modelinfo.read(planner.model_path(config, name, model_file))
+        info = planner.read_model(config, name, model_file)
     result = planner.make_plan(config, info, name, ctx)
     if as_json:
         print(jsonlib.dumps(result.as_dict(), indent=2))

@@ -133,7 +133,13 @@ def read_hf(folder: Path) -> ModelInfo:
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise KitError("MODEL", f"{folder} has no config.json", "point kit plan at a Hugging Face model folder")
-    cfg = json.loads(config_file.read_text(encoding="utf-8"))
+    try:
+        cfg = json.loads(config_file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise KitError("MODEL", f"{config_file} is not JSON ({exc})", "download the checkpoint's config.json again") \
+            from None
+    if not isinstance(cfg, dict):
+        raise KitError("MODEL", f"{config_file} is not a JSON object", "download the checkpoint's config.json again")
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         weights = int(json.loads(index.read_text(encoding="utf-8")).get("metadata", {}).get("total_size", 0))
@@ -146,6 +152,18 @@ def from_hf_config(cfg: dict[str, Any], weights: int, path: str) -> ModelInfo:
     """What kit plans with, from a checkpoint's config.json and its weights' size (a local folder, or a hub repo's
     file sizes)."""
     text = cfg.get("text_config", cfg)
+    missing = [k for k in ("num_attention_heads", "hidden_size", "num_hidden_layers") if k not in text]
+    if missing:
+        raise KitError("MODEL", f"{path}'s config.json has no {', '.join(missing)}",
+                       "kit reads a transformer checkpoint's config.json; download the checkpoint's own")
+    try:
+        return _from_hf_text(cfg, text, weights, path)
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
+        raise KitError("MODEL", f"{path}'s config.json has a value kit cannot read ({exc})",
+                       "download the checkpoint's own config.json") from None
+
+
+def _from_hf_text(cfg: dict[str, Any], text: dict[str, Any], weights: int, path: str) -> ModelInfo:
     n_head = int(text["num_attention_heads"])
     n_embd = int(text["hidden_size"])
     return ModelInfo(

@@ -111,7 +111,7 @@ def layer_kv_bytes(model: ModelInfo, layer: int, ctx: int, k_type: str, v_type: 
     return slots * tokens * per_token
 
 
-def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bool, outputs: int = 1) -> int:
+def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bool, outputs: int) -> int:
     """llama.cpp's compute buffer: the worst case it reserves at start (src/llama-context.cpp, graph_reserve for a
     ubatch of prompt tokens). ggml-alloc reuses memory between ops, so it is the larger of the two peaks of a layer
     (the FFN, or attention), plus the attention mask that lives through the whole graph. ``ctx`` is one slot's KV
@@ -270,7 +270,7 @@ def recommend_batch(config: StackConfig, model: ModelInfo, ctx: int) -> tuple[in
 def cheapest_fix(config: StackConfig, model: ModelInfo, plan: Plan, engine: str) -> str:
     short = max((g.used - g.total for g in plan.gpus), default=0)
     if catalog.get(engine).plan.memory == "tensor-parallel":
-        if plan.kv_tokens and plan.max_ctx > 1024:
+        if plan.kv_tokens and plan.kv_tokens // plan.slots > 1024:  # the pool's share, not the model's cap
             return (f"shorten model.ctx to {plan.max_ctx // CTX_STEP * CTX_STEP} (the KV pool holds {plan.kv_tokens} "
                     f"tokens for {plan.slots} requests), serve fewer at once, or raise gpu_memory_utilization")
         return f"weights leave no KV pool: use a smaller quant or {config.hardware.gpus + 1} GPUs"
@@ -295,6 +295,19 @@ def model_path(config: StackConfig, engine: str, given: str | None) -> Path:
     from kit.resolve import host_model_path
 
     return Path(given) if given else host_model_path(config, engine)
+
+
+def read_model(config: StackConfig, engine: str, given: str | None) -> ModelInfo:
+    """The model ``kit plan`` plans: the one given on the command line, or the stack's (an error about the stack's
+    names its kit.yaml field)."""
+    from kit import modelinfo, resolve
+
+    try:
+        return modelinfo.read(model_path(config, engine, given))
+    except KitError as exc:
+        if given:
+            raise
+        raise KitError(resolve.model_field(config, engine), exc.problem, exc.fix) from None
 
 
 def auto_ctx(config: StackConfig, engine: str, model: ModelInfo) -> int:

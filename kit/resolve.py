@@ -65,8 +65,13 @@ def model_info(config: StackConfig, name: str) -> ModelInfo | None:
             try:
                 cache[key] = modelinfo.read(path)
             except KitError as exc:
-                raise KitError("model.file", exc.problem, "point model.dir / model.file at the model") from None
+                raise KitError(model_field(config, name), exc.problem, exc.fix) from None
     return cache[key]
+
+
+def model_field(config: StackConfig, name: str) -> str:
+    """The kit.yaml field that names this engine's model, for an error about it."""
+    return f"engines.{name}.model_file" if config.engine_settings(name).get("model_file") else "model.file"
 
 
 def model_file(config: StackConfig, name: str) -> str:

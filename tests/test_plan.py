@@ -381,7 +381,9 @@ def test_split_mode_none_keeps_everything_on_one_gpu(model27):
     assert [len(g.layers) for g in p.gpus] == [64, 0] and p.gpus[1].weights == 0 and p.gpus[1].kv == 0
 
 
-@pytest.mark.parametrize("value,flash", [("on", True), ("auto", True), (True, True), ("off", False), (False, False)])
+# llama.cpp reads "on", "true" and "1" as on (common/arg.cpp, is_truthy); YAML's unquoted on/true is True
+@pytest.mark.parametrize("value,flash", [("on", True), ("auto", True), (True, True), ("true", True), (1, True),
+                                         ("1", True), ("off", False), (False, False), (0, False)])
 def test_flash_attention_setting_decides_the_scores(model27, value, flash):
     m = modelinfo.read(model27)
     config = make_config({"preset": "single-v100-32g", "engines": {"llama.cpp": {"flash_attn": value}}})
@@ -402,3 +404,29 @@ def test_unknown_kv_cache_type_names_its_own_field(model27):
         with pytest.raises(KitError) as err:
             plan.plan_llama(config, m, 4096)
         assert err.value.field == f"engines.llama.cpp.{key}" and "q9_9" in err.value.problem
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("{}", "config.json has no num_attention_heads, hidden_size, num_hidden_layers"),
+    ("{not json", "is not JSON"),
+    ("[1, 2]", "is not a JSON object"),
+    ('{"num_attention_heads": 0, "hidden_size": 64, "num_hidden_layers": 2}', "has a value kit cannot read"),
+    ('{"num_attention_heads": "many", "hidden_size": 64, "num_hidden_layers": 2}', "has a value kit cannot read"),
+])
+def test_a_checkpoint_folder_kit_cannot_read_is_one_line_naming_the_engines_field(tmp_path, text, problem):
+    """`kit render` / `kit plan` on a folder whose config.json is not a transformer's: one line, the engine's
+    model_file field, exit 2, nothing written (it was a KeyError traceback)."""
+    import subprocess
+    import sys
+
+    models = tmp_path / "models"
+    (models / "ckpt").mkdir(parents=True)
+    (models / "ckpt" / "config.json").write_text(text)
+    (tmp_path / "kit.yaml").write_text(f"stack: {{primary: vllm}}\nmodel: {{dir: {models}, format: hf}}\n"
+                                       "engines: {vllm: {model_file: ckpt}}\n")
+    for command in (["render"], ["plan"]):
+        result = subprocess.run([sys.executable, "-m", "kit", *command], cwd=tmp_path, capture_output=True, text=True)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: engines.vllm.model_file: ") and problem in lines[0]
+    assert not (tmp_path / "out").exists()

@@ -262,3 +262,14 @@ def test_torch_cu128_keeps_volta_below_2_11():
     # 2.8.0 and 2.10.0 on PyPI are cu128 builds (their nvidia-cuda-runtime-cu12==12.8.90 requirement) with sm_70
     for torch in ("2.8.0", "2.10.0"):
         make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"torch_variant": "cu128", "torch": torch}}})
+
+
+def test_rule_facts_carry_only_the_stacks_engines():
+    """A llama.cpp-only stack with vLLM settings left in kit.yaml: the rules see llama.cpp's settings as flat paths,
+    and nothing of vLLM or NInfer, so a vLLM rule cannot fire on it."""
+    from kit import rules as rules_module
+
+    flat = rules_module.facts(make_config({"engines": {"vllm": {"gpu_memory_utilization": 0.8}}}))
+    assert flat["engines.in_use"] == ["llama.cpp"]
+    assert flat["engines.llama.cpp.flavor"] == "cuda" and flat["hardware.archs"] == [70]
+    assert not [k for k in flat if k.startswith(("engines.vllm", "engines.ninfer"))]
