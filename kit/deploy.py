@@ -29,7 +29,9 @@ def _compose(out: Path, *args: str, check: bool = True, capture: bool = True) ->
     cmd = [*dockerhost.compose_cmd(), "-f", str(out / "compose.yaml"), "--env-file", str(out / ".env"), *args]
     result = subprocess.run(cmd, capture_output=capture, text=True, cwd=out)
     if check and result.returncode != 0:
-        raise CheckFailed(f"`docker compose {' '.join(args)}` failed:\n{(result.stderr or '').strip()[-1500:]}")
+        stderr = (result.stderr or "").strip()
+        named = "".join(f"\n{f.name}: {f.advice}" for f in logscan.scan(stderr))
+        raise CheckFailed(f"`docker compose {' '.join(args)}` failed:\n{stderr[-1500:]}{named}")
     return result
 
 
@@ -110,7 +112,7 @@ def require_model(config: StackConfig) -> None:
 
     for name in config.engine_names():
         path = resolve.host_model_path(config, name)
-        field = f"engines.{name}.model_file" if config.engine_settings(name).get("model_file") else "model.file"
+        field = resolve.model_field(config, name)
         fix = "put the model there, or fix model.dir / model.file in kit.yaml"
         if config.model.source:
             fix = f"get it with: kit model pull {config.model.source} --file {path.name}"
@@ -157,8 +159,8 @@ def require_gpus(config: StackConfig) -> None:
 
     gpu = [n for n in config.engine_names() if resolve.engine(config, n).gpu]
     if gpu and not doctor.gpu_runtime(dockerhost.client().info()):
-        raise KitError("hardware.gpus", f"{', '.join(gpu)} runs on GPUs, but this Docker has no NVIDIA runtime or "
-                       "CDI spec", "install nvidia-container-toolkit and run `nvidia-ctk runtime configure` "
+        raise KitError("hardware.gpus", f"{', '.join(gpu)} runs on GPUs, but this Docker has no NVIDIA runtime, "
+                       "hook or CDI spec", "install nvidia-container-toolkit and run `nvidia-ctk runtime configure` "
                        "(`kit doctor` checks it), or use the cpu preset")
 
 

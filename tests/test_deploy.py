@@ -17,15 +17,9 @@ import yaml
 
 from kit import build, config as cfg, deploy, dockerhost, rules
 from kit.services import endpoint
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(folder: Path, tiny_gguf: Path, name: str, **stack) -> Path:
@@ -305,3 +299,26 @@ def test_kit_tune_restarts_the_real_engine_per_trial_and_leaves_the_stack_on_the
     assert dockerhost.client().images.get(cpu_image.tag).id == image_id
     (container,) = deploy.containers(written)
     assert container.image.id == image_id
+
+
+def test_compose_up_failures_are_named_with_their_fix(tmp_path, base_image):
+    """`docker compose up` itself can fail before any engine log exists; kit deploy names the cause. The GPU case is
+    Docker's real answer on this machine (no NVIDIA hook, runtime or CDI spec: moby daemon/devices.go); the memlock
+    line is runc's, as this CI sandbox's dockerd (no CAP_SYS_RESOURCE) printed it for a GPU service's `memlock: -1`."""
+    (tmp_path / "compose.yaml").write_text(yaml.safe_dump({"name": "kitci-nodriver", "services": {"gpu": {
+        "image": base_image, "command": ["true"], "deploy": {"resources": {"reservations": {"devices": [
+            {"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu", "compute", "utility"]}]}}}}}}))
+    (tmp_path / ".env").write_text("")
+    try:
+        with pytest.raises(deploy.CheckFailed) as err:
+            deploy._compose(tmp_path, "up", "-d")
+        assert 'could not select device driver "nvidia"' in str(err.value)
+        assert str(err.value).splitlines()[-1].startswith("no-nvidia-driver: this Docker cannot hand out NVIDIA GPUs")
+    finally:
+        deploy._compose(tmp_path, "down", check=False)
+    from kit import logscan
+
+    runc = ("Error response from daemon: failed to create shim task: OCI runtime create failed: runc create failed: "
+            "unable to start container process: error during container init: error setting rlimits for ready process: "
+            "error setting rlimit type 8: operation not permitted: unknown")
+    assert [f.name for f in logscan.scan(runc)] == ["memlock-denied"]
