@@ -59,6 +59,7 @@ class Tune:
     roofline: bench.Roofline | None
     journal: Path | None
     replayed: int
+    interrupted: bool = False
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -77,6 +78,9 @@ def run(raw: dict[str, Any], runner: Runner, *, engine: str | None = None,
     spec = objective(objective_name)
     space = tunespace.load(name, space_path)
     knobs = table()["search"]
+    for flag, value in (("--users", users), ("--requests", requests_n)):
+        if value is not None and value < 1:
+            raise KitError(flag, f"must be at least 1 (got {value})", "leave it out for the objective's default")
     users = users or (start_config.serve.concurrency if spec["users"] == "stack" else int(spec["users"]))
     requests_n = max(requests_n or int(knobs["requests"]), users)
     start = tunespace.current(start_config, name, space)
@@ -124,8 +128,16 @@ def run(raw: dict[str, Any], runner: Runner, *, engine: str | None = None,
                                                 int(knobs["warmup"]), prune_at),
         settings=settings, journal=journal, budget_left=lambda: time.monotonic() < deadline, echo=progress)
     echo(f"tuning {name} for {objective_name} ({spec['summary']}) at {users} user(s); start: {describe(start, None)}")
+    interrupted = False
     try:
         result = search.run(start)
+    except KeyboardInterrupt:  # Ctrl-C: what was measured stands (and is in the journal); the trial in flight is not
+        interrupted = True
+        partial = search.partial(start)
+        if partial is None:
+            raise
+        result = partial
+        echo("interrupted: showing what was measured; the same command resumes from the journal")
     finally:
         best = search.best.point if search.best is not None else start
         try:
@@ -134,7 +146,7 @@ def run(raw: dict[str, Any], runner: Runner, *, engine: str | None = None,
             echo(f"warning: could not restart on the best settings: {exc}")
         runner.close()
     roof, _note = bench.roofline_for(start_config)
-    return Tune(name, objective_name, users, result, roof, journal_path, journal.replayed)
+    return Tune(name, objective_name, users, result, roof, journal_path, journal.replayed, interrupted)
 
 
 # ---------------------------------------------------------------------------- report
@@ -199,6 +211,8 @@ def summary(tune: Tune) -> list[str]:
             lines.append(f"decode {num(best_decode)} tok/s per request at {tune.users} user(s) = "
                          f"{100 * best_decode / roof.tok_s:.0f}% of the {num(roof.tok_s)} tok/s single-stream bandwidth "
                          f"limit ({roof.how}; {round(roof.bandwidth_gbs, 1):g} GB/s {roof.bandwidth_source})")
+    if tune.interrupted:
+        lines.append("interrupted: run the same command again to go on from the journal")
     if res.out_of_budget:
         lines.append("stopped at the time budget: run again with the same --journal to go on")
     if tune.replayed:

@@ -207,6 +207,8 @@ def measure(runner: Runner, config: StackConfig, objective: dict[str, Any], user
     half = max(users, requests_n // 2)
     first = bench.run(url, api_key=key, model=model, names=[name], concurrency=[users], requests_per=half,
                       warmup=warmup, timeout_s=timeout_s)
+    if first.interrupted:  # kit bench turns Ctrl-C into a short run; a tune must not record it as a measurement
+        raise KeyboardInterrupt
     samples, wall = list(first.samples), sum(r.wall_s for r in first.results)
     summary = bench.summarize(samples, wall)
     value = metric(summary, objective["metric"])
@@ -214,6 +216,8 @@ def measure(runner: Runner, config: StackConfig, objective: dict[str, Any], user
     if not worse and requests_n > half and not summary.failures:
         rest = bench.run(url, api_key=key, model=model, names=[name], concurrency=[users],
                          requests_per=requests_n - half, warmup=0, timeout_s=timeout_s)
+        if rest.interrupted:
+            raise KeyboardInterrupt
         samples += rest.samples
         wall += sum(r.wall_s for r in rest.results)
         summary = bench.summarize(samples, wall)

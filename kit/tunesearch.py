@@ -23,6 +23,7 @@ from typing import Any
 Point = dict[str, Any]
 
 OK, REJECTED, FAILED, PRUNED, OVER_LIMIT = "ok", "rejected", "failed", "pruned", "over-limit"
+INTERRUPTED = "interrupted"  # Ctrl-C came while this trial was in flight: nothing of it was kept
 
 
 def point_key(point: Point) -> str:
@@ -221,6 +222,16 @@ class Search:
                         return self.result(first)
             if self.best is before:
                 break
+        return self.result(first)
+
+    def partial(self, start: Point) -> Result | None:
+        """What was measured before an interruption (None if the start itself was not)."""
+        first = self.trials.get(point_key(start))
+        if first is None or (first.status == OK and not first.values):
+            return None
+        for t in self.trials.values():
+            if t.status == OK and not t.values:  # in flight: not measured, not in the journal
+                t.status, t.reason = INTERRUPTED, "stopped before it was measured; a resumed tune tries it"
         return self.result(first)
 
     def result(self, first: Trial) -> Result:

@@ -127,4 +127,11 @@ def rejected(config: cfg.StackConfig, engine: str, space: TuneSpace) -> str:
         made = plan.make_plan(config, info, engine, resolved.ctx)
         if not made.fits:
             return f"does not fit (kit plan): {made.fix}"
+    names = config.engine_names()
+    if len(names) > 1 and resolved.gpu:  # a fallback on the same GPUs: the two must fit together (kit plan --stack)
+        models = {name: resolve.model_info(config, name) for name in names}
+        if all(m is not None for m in models.values()):
+            together = plan.plan_stack(config, models)  # type: ignore[arg-type]
+            if not together.fits:
+                return f"the stack does not fit together (kit plan --stack): {together.fix(config)}"
     return ""

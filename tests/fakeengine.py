@@ -10,6 +10,9 @@ ggml-cuda.cpp's ggml_backend_cuda_buffer_type_alloc_buffer logs), as a card that
 ``--parallel 4`` serves, but first logs the WARN ggml-cuda.cu prints when NCCL cannot start (ggml_cuda_...: "NCCL init
 failed (%s); falling back to internal AllReduce"): a silent 20% loss the seeds hit, which a tune must not keep.
 
+``FAKE_ENGINE_HANG_UBATCH=N``: a start with ``--ubatch-size N`` never gets healthy (it sleeps), so a search that must
+try that point cannot end before a test interrupts it, whatever the machine's speed.
+
 The surface (ms per token): BASE_MS x UBATCH[ubatch] x PARALLEL[parallel]; its optimum is ubatch 256, parallel 1.
 The factors are 3x apart or more, so the order of trials does not depend on the machine's timing noise.
 """
@@ -17,6 +20,7 @@ The factors are 3x apart or more, so the order of trials does not depend on the 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 from http.server import ThreadingHTTPServer
@@ -46,6 +50,8 @@ def main() -> None:
     parser.add_argument("--ubatch-size", type=int, default=512)
     args, _ = parser.parse_known_args()
     print(f"fake llama-server: parallel {args.parallel}, ubatch {args.ubatch_size}", flush=True)
+    if os.environ.get("FAKE_ENGINE_HANG_UBATCH") == str(args.ubatch_size):
+        threading.Event().wait()
     if args.ubatch_size not in UBATCH:
         print(OOM, flush=True)
         sys.exit(1)

@@ -20,6 +20,7 @@ from kit import config as cfg, tune, tunespace
 from kit.errors import KitError
 from kit.tunesearch import FAILED, OK, PRUNED, REJECTED, Journal, Measurement, Search, Settings
 from tests.ggufmodels import write_sparse_27b, write_tiny_llama
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -199,14 +200,6 @@ def kit(*args, cwd):
     return subprocess.run([sys.executable, "-m", "kit", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_kit_tune_exec_restarts_the_engine_per_trial_and_writes_the_winner(tmp_path):
     write_tiny_llama(tmp_path / "model.gguf")
     engine = tmp_path / "llama-server"
@@ -278,3 +271,58 @@ def test_kit_tune_bad_input_is_one_line(tmp_path):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     nowrite = kit("tune", "--write", cwd=tmp_path / "..")
     assert nowrite.returncode == 2
+
+
+def test_ctrl_c_keeps_what_was_measured_and_the_same_command_resumes(tmp_path):
+    """SIGINT once two measurements are in the journal (polled, not timed): the report of what finished, exit 0, and
+    the journal holds only whole measurements; the same command then goes on from them."""
+    import signal
+    import time
+
+    write_tiny_llama(tmp_path / "model.gguf")
+    engine = tmp_path / "llama-server"
+    engine.write_text(f"#!{sys.executable}\nimport runpy, sys\nsys.argv[0] = {str(ROOT / 'tests/fakeengine.py')!r}\n"
+                      f"runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    engine.chmod(0o755)
+    (tmp_path / "kit.yaml").write_text("preset: cpu\nmodel: {dir: ., file: model.gguf}\nserve: {concurrency: 2}\n")
+    (tmp_path / "space.yaml").write_text("space:\n  serve.concurrency: [1, 2]\n  ubatch: [128, 256, 512]\n")
+    args = [sys.executable, "-m", "kit", "tune", "-c", "kit.yaml", "--exec", str(engine), "--port", str(free_port()),
+            "--space", "space.yaml", "--requests", "4"]
+    # ubatch 128 never gets healthy, so the search cannot end before the signal; the restart on the best known
+    # settings (concurrency 1, ubatch 512 after two trials, or the start) is never that point
+    env = {**os.environ, "FAKE_ENGINE_HANG_UBATCH": "128"}
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    journal = tmp_path / "tune-llama-cpp.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.is_file() and len(journal.read_text().splitlines()) >= 3:  # the header + two measurements
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stdout + stderr
+    assert "interrupted" in stdout and "best:" in stdout
+    assert "ubatch=128" not in stdout.split("best:")[1]  # the point in flight is not a result
+    recorded = [json.loads(line) for line in journal.read_text().splitlines()[1:]]
+    assert all(r["point"]["ubatch"] != 128 for r in recorded)
+    assert all(r["measurement"]["status"] in ("ok", "pruned", "failed") and r["measurement"]["argv"] for r in recorded)
+    again = kit(*args[3:], cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"resumed: {len(recorded)} measurement(s)" in again.stdout
+    assert "best: serve.concurrency=1 ubatch=256" in again.stdout
+
+
+def test_a_point_where_primary_and_fallback_no_longer_fit_together_is_not_started(big_model):
+    # primary and fallback (two copies of the 27B IQ4_XS model, ~13.6 GiB of weights each) on the same 2 x 16 GiB.
+    # By hand, per GPU and per copy: ~6.8 GiB of weights; f16 KV = 64 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes
+    # = 256 KiB per token, half on each GPU, so one slot of 16384 tokens = 2 GiB per GPU. Alone: ~9 GiB of 16 (fits).
+    # Together: ~18 GiB of 16 (does not). With ctx 4096 the two copies fit together (~15 GiB).
+    raw = {"model": {"dir": str(big_model.parent), "file": big_model.name, "ctx": 16384},
+           "stack": {"fallback": "llama.cpp"}}
+    space = tunespace.load("llama.cpp")
+    point = tunespace.config_at(raw, "llama.cpp", {"serve.concurrency": 1})
+    assert tunespace.rejected(point, "llama.cpp", space).startswith("the stack does not fit together (kit plan --stack)")
+    alone = tunespace.config_at({**raw, "stack": {}}, "llama.cpp", {"serve.concurrency": 1})
+    assert tunespace.rejected(alone, "llama.cpp", space) == ""
+    short = tunespace.config_at({**raw, "model": {**raw["model"], "ctx": 4096}}, "llama.cpp", {"serve.concurrency": 1})
+    assert tunespace.rejected(short, "llama.cpp", space) == ""
