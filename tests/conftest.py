@@ -47,6 +47,15 @@ def make_config(data: dict[str, Any] | None = None) -> cfg.StackConfig:
     return config
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a stack or engine a test starts on 127.0.0.1."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture
 def configure():
     return make_config
