@@ -18,7 +18,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import statistics
 import shutil
 import subprocess
 import sys

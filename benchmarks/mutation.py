@@ -43,8 +43,10 @@ def run(module: str, tests: list[str], max_children: int) -> dict:
         start = time.monotonic()
         # the copy's kit/ must be the one imported: a PYTHONPATH to the checkout would test the unmutated code
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], cwd=work,
-                       capture_output=True, text=True, env=env)
+        ran = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], cwd=work,
+                             capture_output=True, text=True, env=env)
+        if ran.returncode != 0 and "No module named mutmut" in ran.stderr:
+            raise SystemExit("mutmut is not installed: python3 -m pip install mutmut")
         listing = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=work,
                                  capture_output=True, text=True, env=env).stdout
         counts: dict[str, int] = {}
@@ -72,6 +74,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "mutation.json")
     args = parser.parse_args()
     result = run(args.module, args.tests, args.max_children)
+    if result["score"] is None:  # nothing was judged: keep the last real score rather than a blank one
+        raise SystemExit(f"{result['module']}: mutmut judged no mutant ({result['counts']}); nothing kept")
     print(f"{result['module']}: score {result['score']} ({result['counts']}) in {result['wall_s']} s")
     for name, change in result["survivors"].items():
         print(f"  survived: {name}: {' | '.join(change)[:200]}")

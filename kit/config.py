@@ -196,7 +196,7 @@ def presets() -> dict[str, dict[str, Any]]:
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "engines_replace":
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)

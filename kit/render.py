@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from kit import dockerfile
@@ -17,8 +16,6 @@ from kit.config import StackConfig
 from kit.errors import KitError
 
 Files = dict[str, "str | bytes | Path"]
-# Extra producers (compose, 1Panel apps) register here so render stays one entry point.
-PRODUCERS: list[Callable[[StackConfig], Files]] = []
 # Files whose mode must be private (API keys in .env).
 PRIVATE = {".env"}
 
@@ -44,8 +41,6 @@ def collect(config: StackConfig, out_dir: Path | None = None) -> Files:
 
     for rel, content in export.export_files(config, config.engine_names()).items():
         files[f"appstore/{rel}"] = content
-    for produce in PRODUCERS:
-        files.update(produce(config))
     return files
 
 

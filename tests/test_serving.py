@@ -53,3 +53,37 @@ def test_start_period_is_a_minute_plus_ten_seconds_per_gib():
     # model.size_gib 15 and the model not on this machine: 60 + 10 x 15 = 210 s
     assert serving.start_period_s(make_config({"model": {"size_gib": 15, "dir": "/nonexistent"}})) == 210
     assert serving.start_period_s(make_config({"model": {"size_gib": 0.5, "dir": "/nonexistent"}})) == 65
+
+
+def test_the_default_stack_argv_by_hand(tmp_path):
+    """The default preset (dual V100, llama.cpp) on a model without MTP layers, every flag from images/llama.cpp.yaml
+    and the preset read by eye: 4 slots (serve.concurrency) of 16384 tokens (model.ctx), both GPUs named, layer
+    split 1:1, flash attention auto, f16 K and V, batch and ubatch 512, no draft (spec_type auto on a model without
+    MTP layers), the model's name as the alias, metrics on."""
+    from tests.ggufmodels import write_tiny_llama
+
+    write_tiny_llama(tmp_path / "Qwen3.8-27B-IQ4_XS.gguf")
+    config = make_config({"model": {"dir": str(tmp_path)}})
+    assert serving.command(config, "llama.cpp") == [
+        "--model", "/models/Qwen3.8-27B-IQ4_XS.gguf", "--host", "0.0.0.0", "--port", "8080", "--parallel", "4",
+        "--kv-unified-per-slot", "16384", "--device", "CUDA0,CUDA1", "--n-gpu-layers", "all", "--split-mode", "layer",
+        "--tensor-split", "1,1", "--flash-attn", "auto", "--cache-type-k", "f16", "--cache-type-v", "f16",
+        "--batch-size", "512", "--ubatch-size", "512", "--alias", "qwen3.8-27b", "--metrics"]
+    # kit tune --exec places the same engine on this host: the model folder, address and port change, nothing else
+    here = serving.command(config, "llama.cpp", model_dir="/srv/models", host="127.0.0.1", port=9999)
+    assert here[:6] == ["--model", "/srv/models/Qwen3.8-27B-IQ4_XS.gguf", "--host", "127.0.0.1", "--port", "9999"]
+    context = serving.context(config, "llama.cpp")
+    assert {k: context[k] for k in ("model_path", "model_name", "ctx", "slots", "host", "port", "gpus", "gpu",
+                                    "multi_gpu", "devices", "speculative", "spec_type")} == {
+        "model_path": "/models/Qwen3.8-27B-IQ4_XS.gguf", "model_name": "qwen3.8-27b", "ctx": 16384, "slots": 4,
+        "host": "0.0.0.0", "port": 8080, "gpus": 2, "gpu": True, "multi_gpu": True, "devices": ["CUDA0", "CUDA1"],
+        "speculative": False, "spec_type": "none"}
+
+
+
+@pytest.mark.parametrize("chunked,flag_present", [(True, False), (False, True)])
+def test_a_default_on_vllm_switch_is_turned_off_only_when_the_setting_is_off(chunked, flag_present):
+    """vLLM's chunked prefill is a BooleanOptionalAction that is on by default (vllm/engine/arg_utils.py): kit says
+    nothing while the setting is on, and --no-enable-chunked-prefill when it is off."""
+    config = make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"enable_chunked_prefill": chunked}}})
+    assert ("--no-enable-chunked-prefill" in serving.command(config, "vllm")) is flag_present
