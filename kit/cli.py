@@ -116,17 +116,24 @@ def engines(
 def render(
     config_path: Optional[Path] = ConfigOpt,
     output: Path = typer.Option(Path("out"), "--output", "-o", help="Output folder (replaced as a whole)."),
+    target: str = typer.Option("compose", "--target", help="compose: the compose stack and its 1Panel apps; k8s: "
+                               "Kubernetes manifests (`kubectl apply -k OUTPUT/k8s`). The images' Dockerfiles either way."),
 ) -> None:
-    """Render Dockerfiles (and compose, 1Panel apps) for the stack. Needs no GPU and no Docker."""
+    """Render Dockerfiles (and compose, 1Panel apps, or Kubernetes manifests) for the stack. Needs no GPU and no Docker."""
     from kit import render as renderer
 
     from kit import resolve
 
     config = _config(config_path)
-    written = renderer.render_stack(config, output)
+    written = renderer.render_stack(config, output, target)
     for rel in written:
         out.print(f"  {output / rel}")
-    for note in resolve.notes(config):
+    notes = resolve.notes(config)
+    if target == "k8s":
+        from kit import k8s
+
+        notes += k8s.notes(config)
+    for note in notes:
         _echo(f"note: {note}")
     out.print(f"rendered {len(written)} files into {output}/")
 

@@ -152,14 +152,17 @@ def host_model_dir(config: StackConfig) -> str:
     return str(Path(config.model.dir).expanduser().resolve())
 
 
+def api_key(existing: dict[str, str] | None = None) -> str:
+    """The stack's API key: the one a previous render wrote (clients keep working), else a new one."""
+    return (existing or {}).get(API_KEY_VAR) or "kit-" + secrets.token_urlsafe(24)
+
+
 def env_text(config: StackConfig, existing: dict[str, str] | None = None) -> str:
     """``.env``: the model folder and the API key (kept across renders so clients keep working)."""
-    existing = existing or {}
     lines = ["# kit: secrets and host paths for compose. Mode 0600; never commit.",
              f"{MODEL_DIR_VAR}={host_model_dir(config)}"]
     if config.serve.api_key:
-        key = existing.get(API_KEY_VAR) or "kit-" + secrets.token_urlsafe(24)
-        lines.append(f"{API_KEY_VAR}={key}")
+        lines.append(f"{API_KEY_VAR}={api_key(existing)}")
     return "\n".join(lines) + "\n"
 
 

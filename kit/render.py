@@ -16,8 +16,10 @@ from kit.config import StackConfig
 from kit.errors import KitError
 
 Files = dict[str, "str | bytes | Path"]
-# Files whose mode must be private (API keys in .env).
-PRIVATE = {".env"}
+# Files whose mode must be private (API keys in .env and in the k8s secret's env file).
+PRIVATE = {".env", "api-key.env"}
+# what `kit render --target` writes besides the images: a compose stack with its 1Panel apps, or Kubernetes manifests
+TARGETS = ("compose", "k8s")
 
 
 def image_files(config: StackConfig) -> Files:
@@ -28,14 +30,26 @@ def image_files(config: StackConfig) -> Files:
     return files
 
 
-def collect(config: StackConfig, out_dir: Path | None = None) -> Files:
-    """Everything ``kit render`` writes; ``out_dir`` (the previous output) lets .env keep its API key."""
+def collect(config: StackConfig, out_dir: Path | None = None, target: str = "compose") -> Files:
+    """Everything ``kit render`` writes; ``out_dir`` (the previous output) lets the API key stay what it was."""
     from kit import compose
 
+    if target not in TARGETS:
+        raise KitError("--target", f"unknown target {target!r}", f"use one of {', '.join(TARGETS)}")
     ca = config.mirrors.ca_bundle
     if ca and not Path(ca).is_file():
         raise KitError("mirrors.ca_bundle", f"{ca} is not a file", "point it at a PEM bundle on this host")
     files = image_files(config)
+    if target == "k8s":
+        from kit import k8s
+
+        existing = {**compose.read_env(out_dir / "k8s" / k8s.API_KEY_FILE), **compose.read_env(out_dir / ".env")} \
+            if out_dir else {}
+        files.update(k8s.files(config, compose.api_key(existing)))
+        if compose.nginx_conf(config):
+            for rel, content in compose.front_door_image_files(config).items():
+                files[f"images/front-door/{rel}"] = content
+        return files
     files.update(compose.files(config, out_dir))
     from kit.panel import export
 
@@ -75,7 +89,7 @@ def write_tree(target: Path, files: Files) -> None:
         raise
 
 
-def render_stack(config: StackConfig, out: Path) -> list[str]:
-    files = collect(config, out)
+def render_stack(config: StackConfig, out: Path, target: str = "compose") -> list[str]:
+    files = collect(config, out, target)
     write_tree(out, files)
     return sorted(files)
