@@ -10,13 +10,13 @@
 from __future__ import annotations
 
 import secrets
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from kit import __version__, catalog, paths, serving, templating
+from kit import __version__, catalog, serving, templating
+from kit.containerspec import GPU_ULIMITS, engine_env, gpu_block, healthcheck, logging_block
 from kit.config import StackConfig
 from kit.services import FRONT_DOOR, FRONT_DOOR_PORT, Service, front_door_image, services
 
@@ -24,59 +24,9 @@ API_KEY_VAR = "KIT_API_KEY"
 MODEL_DIR_VAR = "KIT_MODEL_DIR"
 
 
-@lru_cache(maxsize=1)
-def nccl_env_table() -> dict[str, Any]:
-    return yaml.safe_load((paths.images_dir() / "interconnects.yaml").read_text(encoding="utf-8"))
-
-
-def nccl_env(config: StackConfig) -> dict[str, str]:
-    table = nccl_env_table()
-    env = dict(table["common"])
-    env.update(table["interconnects"][config.hardware.interconnect])
-    return {k: str(v) for k, v in env.items()}
-
-
 def _ports(config: StackConfig, service: Service) -> list[str]:
     bind = "" if config.serve.expose else "127.0.0.1:"
     return [f"{bind}{service.host_port}:{service.container_port}"]
-
-
-def logging_block() -> dict[str, Any]:
-    return {"driver": "json-file", "options": {"max-size": "50m", "max-file": "3"}}
-
-
-# Docker turns every NVIDIA capability of the request into NVIDIA_DRIVER_CAPABILITIES, appended after the image's own
-# (moby daemon/nvidia_linux.go, setNvidiaGPUs), and the hook mounts exactly those driver parts (nvidia-container-toolkit
-# HookConfig.getDriverCapabilities; the last value wins). "utility" alone mounts nvidia-smi but not libcuda.so.1, so
-# the engine finds no CUDA driver: ask for compute too.
-GPU_CAPABILITIES = ["gpu", "compute", "utility"]
-
-
-def gpu_block(device_ids: list[str]) -> dict[str, Any]:
-    return {"resources": {"reservations": {"devices": [
-        {"driver": "nvidia", "device_ids": list(device_ids), "capabilities": list(GPU_CAPABILITIES)}]}}}
-
-
-# pinned host memory for CUDA transfers and NCCL; CPU engines need neither
-GPU_ULIMITS = {"memlock": -1, "stack": 67108864}
-
-
-def engine_env(config: StackConfig, name: str, api_key_ref: str | None) -> dict[str, str]:
-    """An engine's environment: NCCL settings for GPU flavors, the catalog's env, the API key as a reference."""
-    engine = catalog.get(name)
-    env: dict[str, str] = {}
-    if engine.flavors[serving.flavor(config, name)].gpu:
-        env.update(nccl_env(config))
-    env.update(serving.environment(config, name))
-    if api_key_ref and engine.serve.api_key_env:
-        env[engine.serve.api_key_env] = api_key_ref
-    return env
-
-
-def healthcheck(config: StackConfig, name: str) -> dict[str, Any]:
-    """The engine's health command with a start period long enough to load the model."""
-    return {"test": ["CMD", *catalog.get(name).health_cmd], "interval": "15s", "timeout": "5s", "retries": 3,
-            "start_period": f"{serving.start_period_s(config)}s"}
 
 
 def engine_service(config: StackConfig, service: Service) -> dict[str, Any]:

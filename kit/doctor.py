@@ -236,14 +236,14 @@ def _nccl_vars(env: list[str] | None) -> dict[str, str]:
 
 def check_stack(config: StackConfig, report: Report) -> None:
     """For a running stack: the NCCL each engine loaded vs its manifest; NCCL env of image vs container; logs."""
-    from kit import compose, deploy, dockerhost, logscan
+    from kit import containerspec, deploy, dockerhost, logscan
 
     if not dockerhost.available():
         return
     containers = [c for c in deploy.containers(config) if c.labels.get("io.kit.engine")]
     if not containers:
         return
-    expected_env = compose.nccl_env(config)
+    expected_env = containerspec.nccl_env(config)
     for c in containers:
         if c.status != "running":
             report.add(f"{c.name}", "warn", f"{c.name} is {c.status}")

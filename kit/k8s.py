@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from kit import __version__, catalog, compose, serving
+from kit import __version__, catalog, compose, containerspec, serving
 from kit.config import StackConfig
 from kit.errors import KitError
 from kit.services import FRONT_DOOR, Service, services
@@ -70,7 +70,7 @@ def _engine_container(config: StackConfig, service: Service) -> dict[str, Any]:
     name = service.engine or ""
     engine = catalog.get(name)
     gpu = engine.flavors[serving.flavor(config, name)].gpu and config.hardware.gpus > 0
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in compose.engine_env(config, name, None).items()]
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in containerspec.engine_env(config, name, None).items()]
     if config.serve.api_key and engine.serve.api_key_env:
         env.append({"name": engine.serve.api_key_env,
                     "valueFrom": {"secretKeyRef": {"name": secret_name(config), "key": compose.API_KEY_VAR}}})

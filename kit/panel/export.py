@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from kit import catalog, compose, imagetag, paths, resolve, serving, templating
+from kit import catalog, containerspec, imagetag, paths, resolve, serving, templating
 from kit.config import StackConfig
 from kit.panel import logo
 
@@ -108,7 +108,7 @@ def command_string(config: StackConfig, name: str) -> str:
 def compose_for(config: StackConfig, name: str, key: str) -> dict[str, Any]:
     engine = catalog.get(name)
     flavor = engine.flavors[serving.flavor(config, name)]
-    env = compose.engine_env(config, name, "${API_KEY}")
+    env = containerspec.engine_env(config, name, "${API_KEY}")
     service: dict[str, Any] = {
         "image": imagetag.image_tag(config, name),
         "container_name": "${CONTAINER_NAME}",
@@ -122,12 +122,12 @@ def compose_for(config: StackConfig, name: str, key: str) -> dict[str, Any]:
         "ipc": "host",
     }
     if flavor.gpu:
-        service["ulimits"] = dict(compose.GPU_ULIMITS)
+        service["ulimits"] = dict(containerspec.GPU_ULIMITS)
         # one device_ids entry per GPU, each from its own form field: CDI (Docker >= 29.2) resolves
         # nvidia.com/gpu=0 and nvidia.com/gpu=1, never nvidia.com/gpu=0,1
-        service["deploy"] = compose.gpu_block([f"${{{key}}}" for key in gpu_field_keys(config)])
-    service["healthcheck"] = compose.healthcheck(config, name)
-    service["logging"] = compose.logging_block()
+        service["deploy"] = containerspec.gpu_block([f"${{{key}}}" for key in gpu_field_keys(config)])
+    service["healthcheck"] = containerspec.healthcheck(config, name)
+    service["logging"] = containerspec.logging_block()
     service["labels"] = {"createdBy": "Apps"}
     return {"services": {key: service}, "networks": {"1panel-network": {"external": True}}}
 
