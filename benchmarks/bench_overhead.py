@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kit import bench  # noqa: E402
+from kit import benchclient  # noqa: E402
 from tests.streamserver import StreamServer  # noqa: E402
 
 SEED_FASTEST = 480.0  # NInfer, 4 concurrent total (seed 000)
@@ -26,7 +26,7 @@ def main() -> None:
     except (AttributeError, OSError):
         pass
     with StreamServer(ttft_s=0.0, token_s=0.0) as server:
-        client = bench.Client(server.url, None, None, timeout_s=60)
+        client = benchclient.Client(server.url, None, None, timeout_s=60)
         client.probe()
         for label, conc in (("1 stream", 1), ("4 streams", 4)):
             from concurrent.futures import ThreadPoolExecutor

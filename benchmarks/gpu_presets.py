@@ -170,16 +170,16 @@ def stop(proc: subprocess.Popen) -> None:
 
 def load(url: str) -> dict:
     """USERS clients at once, ROUNDS times: unique ~1291-token prompts, 128 tokens each (ignore_eos)."""
-    from kit import bench
+    from kit import benchclient, benchstats
 
-    client = bench.Client(url, None, None, 300)
+    client = benchclient.Client(url, None, None, 300)
     client.probe()
     samples, start = [], time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(USERS) as pool:
         futures = [pool.submit(client.one, "load", USERS, f"[{i}] " + "x" * (PROMPT_TOKENS - 10), OUTPUT_TOKENS, 1)
                    for i in range(USERS * ROUNDS)]
         samples = [f.result() for f in futures]
-    summary = bench.summarize(samples, time.perf_counter() - start)
+    summary = benchstats.summarize(samples, time.perf_counter() - start)
     return {"total_tps": round(summary.output_tps, 1), "ttft_median_s": round(summary.ttft.get("median", 0), 3),
             "ttft_p90_s": round(summary.ttft.get("p90", 0), 3),
             "decode_tps_median": round(summary.decode_tps.get("median", 0), 1), "failures": summary.failures,

@@ -618,7 +618,7 @@ def bench(
     timeout: float = typer.Option(300, "--timeout", help="Seconds per request."),
 ) -> None:
     """The seeds' speed table: short/medium/long decode tok/s and total tok/s under concurrency."""
-    from kit import bench as bencher
+    from kit import bench as bencher, benchreport, roofline
 
     stack = None
     if url is None or config_path is not None or DEFAULT_CONFIG.is_file():
@@ -654,7 +654,7 @@ def bench(
     finally:
         signal.signal(signal.SIGINT, previous)
     table = Table("scenario", *[r.url for r in runs], title="decode speed (seed table layout)")
-    for row in bencher.table_rows(runs):
+    for row in benchreport.table_rows(runs):
         table.add_row(*row)
     out.print(table)
     for run in runs:
@@ -672,7 +672,7 @@ def bench(
         for r in run.results:
             for e in r.errors:
                 out.print(f"  [red]{r.scenario} x{r.concurrency}[/]: {e}", markup=True)
-    limit, note = bencher.roofline_for(stack, model_bytes, model_file, gpu, parallel_gpus)
+    limit, note = roofline.roofline_for(stack, model_bytes, model_file, gpu, parallel_gpus)
     if note:
         out.print(note)
     for run in runs:
@@ -680,10 +680,10 @@ def bench(
         if limit and single:
             out.print(f"roofline {run.url}: {limit.line(max(single))}", markup=False, soft_wrap=True)
     if json_out:
-        json_out.write_text(bencher.to_json(runs), encoding="utf-8")
+        json_out.write_text(benchreport.to_json(runs), encoding="utf-8")
         out.print(f"raw samples: {json_out}")
     if plot_out:
-        bencher.plot(runs, plot_out)
+        benchreport.plot(runs, plot_out)
         out.print(f"plot: {plot_out}")
     if any(r.failures for run in runs for r in run.results):
         raise CheckFailed("some requests failed (counted above)")

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from kit import bench, config as cfg, configedit, paths, serving, tunespace
+from kit import config as cfg, configedit, paths, roofline, serving, tunespace
 from kit.errors import KitError
 from kit.tunerun import Runner, measure
 from kit.tunesearch import OK, Journal, Result, Search, Settings, Trial, describe
@@ -56,7 +56,7 @@ class Tune:
     objective: str
     users: int
     result: Result
-    roofline: bench.Roofline | None
+    roofline: roofline.Roofline | None
     journal: Path | None
     replayed: int
     interrupted: bool = False
@@ -145,7 +145,7 @@ def run(raw: dict[str, Any], runner: Runner, *, engine: str | None = None,
         except Exception as exc:  # noqa: BLE001 - reported, the tune's result still stands
             echo(f"warning: could not restart on the best settings: {exc}")
         runner.close()
-    roof, _note = bench.roofline_for(start_config)
+    roof, _note = roofline.roofline_for(start_config)
     return Tune(name, objective_name, users, result, roof, journal_path, journal.replayed, interrupted)
 
 

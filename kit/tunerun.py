@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import requests
 
-from kit import bench, catalog, logscan, serving
+from kit import bench, benchstats, catalog, logscan, serving
 from kit.config import StackConfig
 from kit.errors import CheckFailed, KitError
 from kit.tunesearch import FAILED, OK, OVER_LIMIT, PRUNED, Measurement
@@ -184,7 +184,7 @@ class ComposeRunner:
 
 
 # ---------------------------------------------------------------------------- measuring one trial
-def metric(result: bench.Result, path: str) -> float | None:
+def metric(result: benchstats.Result, path: str) -> float | None:
     """``decode_tps.median`` / ``output_tps`` / ``ttft.p90`` of a kit bench result."""
     node: Any = asdict(result)
     for part in path.split("."):
@@ -210,7 +210,7 @@ def measure(runner: Runner, config: StackConfig, objective: dict[str, Any], user
     if first.interrupted:  # kit bench turns Ctrl-C into a short run; a tune must not record it as a measurement
         raise KeyboardInterrupt
     samples, wall = list(first.samples), sum(r.wall_s for r in first.results)
-    summary = bench.summarize(samples, wall)
+    summary = benchstats.summarize(samples, wall)
     value = metric(summary, objective["metric"])
     worse = value is not None and prune_at is not None and (value < prune_at if goal == "max" else value > prune_at)
     if not worse and requests_n > half and not summary.failures:
@@ -220,7 +220,7 @@ def measure(runner: Runner, config: StackConfig, objective: dict[str, Any], user
             raise KeyboardInterrupt
         samples += rest.samples
         wall += sum(r.wall_s for r in rest.results)
-        summary = bench.summarize(samples, wall)
+        summary = benchstats.summarize(samples, wall)
         value = metric(summary, objective["metric"])
     limits = objective.get("limits") or {}
     metrics = {k: v for k, v in {

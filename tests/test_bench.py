@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kit import bench
+from kit import bench, benchclient, benchstats, roofline
 from kit.errors import KitError
 from tests.streamserver import StreamServer
 
@@ -41,7 +41,7 @@ def test_recorded_stream_gives_exact_ttft_itl_tpot_e2el():
     events = [(0.25, token()), (0.30, token()), (0.40, token()), (0.45, token()),
               (0.46, b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":4,"total_tokens":11}}'),
               (0.50, b"data: [DONE]")]
-    sample = bench.consume(bench.Sample("short", 1, ok=False, started=0.0), recorded(clock, events), clock)
+    sample = benchclient.consume(benchclient.Sample("short", 1, ok=False, started=0.0), recorded(clock, events), clock)
     assert sample.ok and sample.tokens_from == "usage"
     assert sample.ttft == pytest.approx(0.25)
     # ITL: the gaps between tokens only, never the first-token gap: 0.05, 0.10, 0.05
@@ -56,10 +56,10 @@ def test_recorded_stream_gives_exact_ttft_itl_tpot_e2el():
 def test_summary_statistics_are_exact():
     # Ten requests with TTFT 0.1 .. 1.0 s; percentiles by linear interpolation over the sorted values:
     # median = (0.5 + 0.6) / 2 = 0.55; p90 at rank 8.1 = 0.9 + 0.1 * 0.1 = 0.91; p99 at rank 8.91 = 0.9 + 0.091 = 0.991
-    samples = [bench.Sample("short", 2, ok=True, ttft=0.1 * i, e2el=0.1 * i + 1.0, itl=[0.01 * i],
+    samples = [benchclient.Sample("short", 2, ok=True, ttft=0.1 * i, e2el=0.1 * i + 1.0, itl=[0.01 * i],
                             output_tokens=11, chunks=11, tokens_from="usage") for i in range(1, 11)]
-    samples.append(bench.Sample("short", 2, ok=False, error="HTTP 500: boom"))
-    summary = bench.summarize(samples, wall_s=5.0)
+    samples.append(benchclient.Sample("short", 2, ok=False, error="HTTP 500: boom"))
+    summary = benchstats.summarize(samples, wall_s=5.0)
     assert summary.requests == 11 and summary.failures == 1
     assert summary.ttft["median"] == pytest.approx(0.55)
     assert summary.ttft["p90"] == pytest.approx(0.91)
@@ -75,7 +75,7 @@ def test_summary_statistics_are_exact():
 
 def test_stream_cut_before_done_is_a_failure():
     clock = FakeClock()
-    sample = bench.consume(bench.Sample("short", 1, ok=False), recorded(clock, [(0.1, token()), (0.2, token())]), clock)
+    sample = benchclient.consume(benchclient.Sample("short", 1, ok=False), recorded(clock, [(0.1, token()), (0.2, token())]), clock)
     assert not sample.ok and sample.error.startswith("disconnected")
 
 
@@ -103,7 +103,7 @@ def test_counts_chunks_when_no_usage():
 
 def test_failures_are_counted_not_raised():
     with StreamServer(ttft_s=0.01, token_s=0.001) as server:
-        client = bench.Client(server.url, None, None, timeout_s=1)
+        client = benchclient.Client(server.url, None, None, timeout_s=1)
         client.probe()
         bad = client.one("short", 1, "__500__", 16, 1)
         drop = client.one("short", 1, "__drop__", 16, 1)
@@ -113,16 +113,16 @@ def test_failures_are_counted_not_raised():
     assert not drop.ok
     assert not hang.ok and "timeout" in hang.error
     assert good.ok and good.output_tokens == 16
-    summary = bench.summarize([bad, drop, hang, good], wall_s=1.0)
+    summary = benchstats.summarize([bad, drop, hang, good], wall_s=1.0)
     assert summary.failures == 3 and summary.requests == 4
 
 
 def test_bad_url_and_key_are_one_line_errors():
     with pytest.raises(KitError) as err:
-        bench.Client("localhost:8080", None, None, 5)
+        benchclient.Client("localhost:8080", None, None, 5)
     assert err.value.field == "--url"
     with pytest.raises(KitError) as err:
-        bench.Client("http://127.0.0.1:9", None, None, 5).probe()
+        benchclient.Client("http://127.0.0.1:9", None, None, 5).probe()
     assert "nothing answers" in err.value.line()
     with StreamServer(api_key="sekrit") as server:
         with pytest.raises(KitError) as err:
@@ -170,8 +170,8 @@ def test_bench_takes_the_stack_config(tmp_path):
 
 
 def test_roofline():
-    assert bench.roofline(15e9, 900) == 60.0
-    assert bench.roofline(15e9, 900, 2) == 120.0
+    assert roofline.roofline(15e9, 900) == 60.0
+    assert roofline.roofline(15e9, 900, 2) == 120.0
 
 
 @pytest.mark.docker
@@ -229,7 +229,7 @@ def test_a_stop_mid_run_keeps_what_finished_and_never_hangs():
         assert not worker.is_alive(), "bench.run did not return after the stop"
     result = out["run"]
     assert result.interrupted
-    assert result.samples and all(s.error != bench.INTERRUPTED for s in result.samples)
+    assert result.samples and all(s.error != benchclient.INTERRUPTED for s in result.samples)
     assert len(result.samples) < 1000 and result.results[0].concurrency == 2
 
 

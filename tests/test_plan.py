@@ -315,7 +315,7 @@ def test_cuda_context_is_the_gpus_own_where_measured():
 def test_roofline_reads_the_weights_on_the_gpus_not_the_file(model27):
     """#15 item 6: the limit divides by the bytes a token reads on the GPUs (kit plan's split), not the whole file;
     token embeddings stay on the host and a token reads one row of them."""
-    from kit import bench
+    from kit import roofline
 
     m = modelinfo.read(model27)
     p = plan.make_plan(make_config({}), m)
@@ -324,21 +324,21 @@ def test_roofline_reads_the_weights_on_the_gpus_not_the_file(model27):
     on_gpus = 64 * layer + output
     assert sum(g.weights for g in p.gpus) == on_gpus
     # layer split: the two V100s take turns, 900 GB/s each: 900e9 / bytes on both
-    r = bench.plan_roofline([g.weights for g in p.gpus], 0, "layer", 900, 0, "")
+    r = roofline.plan_roofline([g.weights for g in p.gpus], 0, "layer", 900, 0, "")
     assert r.tok_s == 900e9 / on_gpus and r.read_bytes == on_gpus and r.bandwidth_source.startswith("datasheet")
     assert r.tok_s > 900e9 / m.weights_bytes  # the whole file (with the 0.42 GB embeddings) was the old divisor
     # row split: both read at once, the larger share sets the pace
-    row = bench.plan_roofline([6 * 10**9, 8 * 10**9], 0, "row", 900, 0, "")
+    row = roofline.plan_roofline([6 * 10**9, 8 * 10**9], 0, "row", 900, 0, "")
     assert row.tok_s == 900e9 / 8e9
     # cpu: the layers from host memory at the host's bandwidth
-    cpu = bench.plan_roofline([], 10**9, "layer", 0, 40.0, "measured (copy test on this host)")
+    cpu = roofline.plan_roofline([], 10**9, "layer", 0, 40.0, "measured (copy test on this host)")
     assert cpu.tok_s == 40.0 and "measured" in cpu.line(20.0) and "50% of the 40.0 tok/s" in cpu.line(20.0)
 
 
 def test_host_bandwidth_is_measured():
-    from kit import bench
+    from kit import roofline
 
-    gbs = bench.host_bandwidth_gbs(size=16 * 2**20, rounds=2)
+    gbs = roofline.host_bandwidth_gbs(size=16 * 2**20, rounds=2)
     assert 0.1 < gbs < 10_000  # a real copy: neither zero nor infinite
 
 
