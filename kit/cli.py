@@ -7,7 +7,7 @@ import sys
 import threading
 from contextlib import nullcontext as _nullcontext
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
@@ -15,6 +15,9 @@ from rich.table import Table
 
 from kit import __version__
 from kit.errors import CheckFailed, KitError
+
+if TYPE_CHECKING:  # imported where used: `kit --help` stays fast
+    from kit.planreport import Report as PlanReport
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Render, build, verify and deploy LLM engines for V100 boxes.")
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -507,24 +510,16 @@ def plan(
     """Will it fit? Per-GPU weights, KV cache, compute and overhead; the largest context; the cheapest fix."""
     import json as jsonlib
 
-    from kit import plan as planner
+    from kit import plan as planner, planreport
 
     config = _config(config_path)
     if stack:
         models = {n: planner.read_model(config, n, None) for n in config.engine_names()}
         together = planner.plan_stack(config, models)
-        gib = planner.GIB
-        table = Table("GPU", *[f"{p.engine} (GiB)" for p in together.plans], "together", "of", "fits",
-                      title="the stack on shared GPUs")
-        for i in range(together.gpu_count):
-            used = together.used(i)
-            table.add_row(str(i), *[f"{planner._reserved(p, i) / gib:.2f}" for p in together.plans],
-                          f"{used / gib:.2f}", f"{together.total / gib:.1f}",
-                          "[green]yes[/]" if used <= together.total else "[bold red]no[/]")
         if as_json:
             print(jsonlib.dumps({"fits": together.fits, "plans": [p.as_dict() for p in together.plans]}, indent=2))
         else:
-            out.print(table)
+            _print_plan(planreport.stack(together, config), lines=False)
         if not together.fits:
             raise CheckFailed(f"the stack does not fit together: {together.fix(config)}")
         return
@@ -537,36 +532,24 @@ def plan(
     if as_json:
         print(jsonlib.dumps(result.as_dict(), indent=2))
     else:
-        gib = planner.GIB
-        title = (f"{Path(info.path).name}: {info.architecture}, {info.n_layer} layers, {info.n_head_kv}/{info.n_head} "
-                 f"KV/heads x {info.head_dim}, {info.weights_bytes / gib:.1f} GiB weights - {name} at ctx {result.ctx}")
-        table = Table("GPU", "layers", "weights", "KV cache", "compute", "CUDA ctx", "used", "of", "free", "fits",
-                      title=title)
-        if not result.gpus:
-            table = None  # a cpu stack: no GPU table, only host memory
-        for g in result.gpus:
-            table.add_row(str(g.index), str(len(g.layers)) if g.layers else "-", f"{g.weights / gib:.2f}",
-                          f"{g.kv / gib:.2f}", f"{g.compute / gib:.2f}", f"{g.overhead / gib:.2f}",
-                          f"{g.used / gib:.2f}", f"{g.total / gib:.1f}", f"{g.free / gib:.2f}",
-                          "[green]yes[/]" if g.fits else "[bold red]no[/]")
-        if table is not None:
-            out.print(table)
-        else:
-            _echo(title)
-        if result.host_bytes:
-            out.print(f"host memory: {result.host_bytes / gib:.2f} GiB (token embeddings{' + all layers' if not result.gpus else ''})")
-        out.print(f"serves {result.serves} (serve.concurrency x model.ctx)")
-        if info.context_length and result.ctx > info.context_length:
-            from kit.resolve import trained_length_note
-
-            _echo(f"warning: {trained_length_note(result.ctx, info)}")
-        if result.kv_tokens is not None:
-            out.print(f"KV pool holds {result.kv_tokens} tokens (gpu_memory_utilization)")
-        else:
-            out.print(f"largest context per request that fits: {result.max_ctx}; recommended --batch-size "
-                      f"{result.batch} --ubatch-size {result.ubatch}")
+        _print_plan(planreport.single(result, info, name))
     if not result.fits:
         raise CheckFailed(f"does not fit at ctx {result.ctx}: {result.fix}")
+
+
+def _print_plan(report: PlanReport, lines: bool = True) -> None:
+    """A plan report as a table (the fits column in colour), then its lines; a CPU stack has no GPU rows."""
+    if report.rows:
+        table = Table(*report.header, title=report.title)
+        for row in report.rows:
+            table.add_row(*row[:-1], "[green]yes[/]" if row[-1] == "yes" else "[bold red]no[/]")
+        out.print(table)
+    else:
+        _echo(report.title)
+    for line in report.lines if lines else []:
+        out.print(line, markup=False)
+    for warning in report.warnings:
+        _echo(f"warning: {warning}")
 
 
 @app.command()

@@ -331,7 +331,12 @@ class StackPlan:
     total: int
 
     def used(self, index: int) -> int:
-        return sum(_reserved(p, index) for p in self.plans)
+        return sum(self.reserved(p, index) for p in self.plans)
+
+    @staticmethod
+    def reserved(p: Plan, index: int) -> int:
+        """What ``p`` takes of GPU ``index`` (nothing on a GPU it does not use)."""
+        return _reserved(p, index)
 
     @property
     def gpu_count(self) -> int:

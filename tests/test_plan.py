@@ -430,3 +430,29 @@ def test_a_checkpoint_folder_kit_cannot_read_is_one_line_naming_the_engines_fiel
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: engines.vllm.model_file: ") and problem in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_plan_report_rows_are_the_plans_figures_in_gib(tmp_path):
+    """The rows kit plan prints, from a plan whose figures are set by hand (GiB = 2**30 bytes)."""
+    from kit import planreport
+    from kit.plan import GpuPlan, StackPlan
+
+    gib = 2**30
+    gpu = GpuPlan(index=0, total=16 * gib, layers=[0, 1, 2], weights=7 * gib, kv=gib // 2, compute=gib // 4,
+                  overhead=gib // 4)
+    made = plan.Plan(engine="llama.cpp", model={}, ctx=8192, gpus=[gpu], host_bytes=gib // 8, max_ctx=40960,
+                     batch=512, ubatch=512, slots=4)
+    info = modelinfo.ModelInfo(path=str(tmp_path / "m.gguf"), format="gguf", architecture="llama", n_layer=3, n_embd=64,
+                               n_head=4, n_head_kv=2, head_dim=16, n_ff=128, n_vocab=100, context_length=4096,
+                               weights_bytes=7 * gib)
+    report = planreport.single(made, info, "llama.cpp")
+    # used = 7 + 0.5 + 0.25 + 0.25 = 8.00 GiB of 16.0; free 8.00
+    assert report.rows == [["0", "3", "7.00", "0.50", "0.25", "0.25", "8.00", "16.0", "8.00", "yes"]]
+    assert len(report.header) == len(report.rows[0]) and report.header[-1] == "fits"
+    assert report.lines[0] == "host memory: 0.12 GiB (token embeddings)"  # 1/8 GiB = 0.125, shown as 0.12
+    assert report.lines[-1] == "largest context per request that fits: 40960; recommended --batch-size 512 --ubatch-size 512"
+    assert report.warnings and report.warnings[0].startswith("model.ctx 8192 is longer than m.gguf was trained for (4096)")
+    # two engines on one 16 GiB GPU: 8 + 8 = 16.00 fits (<=), one byte more does not
+    other = plan.Plan(**{**made.__dict__, "engine": "ninfer", "gpus": [GpuPlan(**gpu.__dict__)]})
+    together = StackPlan([made, other], 16 * gib)
+    assert planreport.stack(together, None).rows == [["0", "8.00", "8.00", "16.00", "16.0", "yes"]]
