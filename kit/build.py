@@ -71,35 +71,48 @@ class BuildResult:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-def assemble_context(config: StackConfig, name: str, dest: Path, source: Path | None, target: str) -> None:
-    """Write everything the Docker build needs into ``dest``."""
-    engine = catalog.get(name)
-    files = dockerfile.render_files(config, name)
+def assemble_context(config: StackConfig, name: str, dest: Path, source: Path | None,
+                     target: str) -> dockerfile.Recipe:
+    """Write everything the Docker build needs into ``dest``; the recipe that decided it, for the build's report."""
+    made = dockerfile.recipe(config, name)
+    files = made.files()
     known = list(stages(str(files["Dockerfile"])))
     if target not in known:
         raise KitError("--target", f"unknown stage {target!r} for this engine and flavor",
                        f"use one of {', '.join(known)}")
     render.write_tree(dest, files)
     code = needs_code(str(files["Dockerfile"]), target)
-    settings = config.engine_settings(name)
-    if engine.recipe == "wheel":
-        wheelhouse = Path(source or settings.get("wheelhouse", ""))
-        if code and not wheelhouse.is_dir():
-            raise KitError(f"engines.{name}.wheelhouse", f"{wheelhouse} is not a folder of wheels",
-                           "put the engine's .whl files there or pass --source DIR")
-        if wheelhouse.is_dir():
-            shutil.copytree(wheelhouse, dest / "wheels")
-        else:
-            (dest / "wheels").mkdir()
-        return
+    SOURCES[made.source](config, name, dest, source, code)
+    return made
+
+
+def _wheelhouse(config: StackConfig, name: str, dest: Path, source: Path | None, code: bool) -> None:
+    """``dest/wheels``: the engine's built wheels (``--source`` or ``engines.<name>.wheelhouse``)."""
+    wheelhouse = Path(source or config.engine_settings(name).get("wheelhouse", ""))
+    if code and not wheelhouse.is_dir():
+        raise KitError(f"engines.{name}.wheelhouse", f"{wheelhouse} is not a folder of wheels",
+                       "put the engine's .whl files there or pass --source DIR")
+    if wheelhouse.is_dir():
+        shutil.copytree(wheelhouse, dest / "wheels")
+    else:
+        (dest / "wheels").mkdir()
+
+
+def _source_tree(config: StackConfig, name: str, dest: Path, source: Path | None, code: bool) -> None:
+    """``dest/src``: the engine's source tree (``--source``, else a clone of the pinned ref when a stage compiles)."""
+    engine = catalog.get(name)
     if source is not None:
         if not source.is_dir():
             raise KitError("--source", f"{source} is not a folder", "point it at an engine source tree")
         shutil.copytree(source, dest / "src", ignore=_skip_source(source), symlinks=True)
     elif code:
-        clone(engine.source.git, str(settings.get("ref") or engine.source.ref), dest / "src")
+        clone(engine.source.git, str(config.engine_settings(name).get("ref") or engine.source.ref), dest / "src")
     else:
         (dest / "src").mkdir()
+
+
+# what a recipe builds from (dockerfile.Recipe.source) -> how it gets into the build folder
+SOURCES = {"tree": _source_tree, "wheelhouse": _wheelhouse}
 
 
 def clone(url: str, ref: str, dest: Path) -> None:
@@ -170,15 +183,14 @@ def build_engine(config: StackConfig, name: str, *, source: Path | None = None, 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kit-build-") as tmp:
         ctx = Path(tmp) / "context"
-        assemble_context(config, name, ctx, source, target)
+        made = assemble_context(config, name, ctx, source, target)
         echo(f"building {full_tag} (target {target}, {jobs} compile jobs)")
         run_build(ctx, full_tag, target=target, no_cache=no_cache, jobs=jobs, echo=echo, verbose=verbose)
     image = dockerhost.client().images.get(full_tag)
-    facts = dockerfile.context(config, name, ca_bundle=False)
     result = BuildResult(
         engine=name, tag=full_tag, target=target, image_id=image.id, duration_s=round(time.monotonic() - started, 1),
-        size_bytes=int(image.attrs.get("Size", 0)), nccl_pin=facts["nccl"]["version"] if facts["nccl"] else None,
-        archs=facts["archs"]["list"], jobs=jobs, labels=dict(image.labels or {}),
+        size_bytes=int(image.attrs.get("Size", 0)), nccl_pin=made.nccl["version"] if made.nccl else None,
+        archs=made.archs, jobs=jobs, labels=dict(image.labels or {}),
     )
     if push or config.build.push:
         push_image(full_tag, echo)

@@ -7,6 +7,7 @@ templates in ``templates/dockerfile/`` only lay them out.
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -75,143 +76,264 @@ def _new(have: list[str], wanted: list[str]) -> list[str]:
     return out
 
 
-def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
+class Recipe:
+    """One engine's Dockerfile for one stack, after repo2docker's BuildPack: each hook decides one part once (cached),
+    ``context()`` gathers them for the template ``templates/dockerfile/<name>.Dockerfile.j2`` and ``files()`` is
+    the build folder. A recipe differs from another only in the hooks it overrides; adding one is a subclass and a
+    template."""
+
+    name = ""
+    # the recipe compiles against pip-installed Python packages (pip in its toolchain, whatever the CUDA source)
+    needs_pip = True
+    # what the build folder holds of the engine (kit.build.SOURCES): its source tree at src/, or its wheels at wheels/
+    source = "tree"
+
+    def __init__(self, config: StackConfig, engine_name: str, ca_bundle: bool) -> None:
+        self.config = config
+        self.engine = catalog.get(engine_name)
+        self.settings = config.engine_settings(engine_name)
+        self.flavor_name = serving.flavor(config, engine_name)
+        self.flavor = self.engine.flavors[self.flavor_name]
+        self.gpu = self.flavor.gpu
+        self.ca_bundle = ca_bundle
+
+    # ---- hooks: each decides one thing
+
+    @cached_property
+    def archs(self) -> list[int]:
+        return archs.configured(self.config) if self.gpu else []
+
+    @cached_property
+    def cuda_version(self) -> str:
+        return engine_cuda_version(self.config, self.engine.name)
+
+    @cached_property
+    def debian_cuda(self) -> dict[str, Any] | None:
+        """The Debian toolkit's packages and host compiler (cuda.source: debian)."""
+        return _debian_toolkit(self.cuda_version) if self.gpu and self.config.cuda.source == "debian" else None
+
+    @cached_property
+    def ref(self) -> str:
+        return str(self.settings.get("ref") or self.engine.source.ref or self.engine.version)
+
+    @cached_property
+    def bases(self) -> dict[str, str]:
+        return base_images(self.config, self.engine.name, self.gpu)
+
+    @cached_property
+    def nccl(self) -> dict[str, Any] | None:
+        return nccl_facts(self.config, self.engine.name) if self.gpu else None
+
+    @cached_property
+    def cuda(self) -> dict[str, Any]:
+        wheels = self.gpu and self.config.cuda.source == "wheels"
+        pin = f"=={major_minor(self.cuda_version)}.*"
+        return {"version": self.cuda_version, "source": self.config.cuda.source,
+                "builder_wheels": [w + pin for w in CUDA_BUILDER_WHEELS] if wheels else [],
+                "runtime_wheels": [w + pin for w in CUDA_RUNTIME_WHEELS] if wheels else []}
+
+    @cached_property
+    def gpu_flags(self) -> dict[str, str]:
+        """The build flags a GPU flavor adds: the archs, where NCCL is, the CUDA host compiler."""
+        flags: dict[str, str] = {}
+        if self.gpu:
+            flags["CMAKE_CUDA_ARCHITECTURES"] = f'"{archs.cmake(self.archs)}"'
+            if self.nccl and self.nccl["source"] == "pip":
+                flags["NCCL_ROOT"] = self.nccl["pip_root"]
+            if self.debian_cuda:
+                flags["CMAKE_CUDA_HOST_COMPILER"] = self.debian_cuda["host_compiler"]
+        return flags
+
+    @cached_property
+    def build_flags(self) -> dict[str, str]:
+        """The core's flags. "{ref}" in a catalog value is the pinned ref (llama.cpp's LLAMA_BUILD_COMMIT: a source
+        tree without .git would otherwise report "commit unknown" in --version)."""
+        flags = {k: v.replace("{ref}", self.ref) for k, v in self.engine.build.cmake.items()}
+        flags.update(self.flavor.cmake)
+        if not self.backend:
+            flags.update(self.gpu_flags)
+        return flags
+
+    @cached_property
+    def backend(self) -> dict[str, Any] | None:
+        """A GPU backend compiled in its own build folder with the core's flags plus its own; only its module is
+        kept, so the core (compiled without CUDA) stays identical to every other flavor's."""
+        if not (self.flavor.backend and self.gpu):
+            return None
+        core = {k: v.replace("{ref}", self.ref) for k, v in self.engine.build.cmake.items()}
+        flags = {**core, **self.flavor.cmake, **self.flavor.backend.cmake, **self.gpu_flags}
+        return {"target": self.flavor.backend.target, "files": self.flavor.backend.files,
+                "cmake_flags": sorted(flags.items())}
+
+    def packages(self) -> dict[str, list[str]]:
+        """apt packages per stage: the engine's build tools, then the GPU toolchain (CUDA, pip, the NCCL probe's
+        compiler) in one list (cmake splits them, see CmakeRecipe), and the runtime's."""
+        build, toolchain = self._build_and_toolchain()
+        return {"build_packages": build + toolchain, "toolchain_packages": [],
+                "runtime_packages": self._runtime_packages()}
+
+    def _build_and_toolchain(self) -> tuple[list[str], list[str]]:
+        wheels = self.gpu and self.config.cuda.source == "wheels"
+        pip_nccl = self.gpu and self.config.nccl.source == "pip"
+        debian = self.debian_cuda["builder_packages"] if self.debian_cuda and self.engine.build.compiles_cuda else []
+        pip = PIP_PACKAGES if wheels or pip_nccl or self.needs_pip else []
+        probe = ["build-essential"] if self.nccl else []  # compiles the kit-nccl-version probe
+        build = list(self.engine.build.packages)
+        return build, _new(build, debian + pip + probe)
+
+    def _runtime_packages(self) -> list[str]:
+        runtime = list(self.engine.runtime.packages) + (self.debian_cuda["runtime_packages"] if self.debian_cuda else [])
+        if self.gpu and (self.config.cuda.source == "wheels" or self.config.nccl.source == "pip"):
+            runtime += _new(runtime, PIP_PACKAGES)
+        return runtime
+
+    def helpers(self) -> list[str]:
+        """Files of templates/dockerfile/context/ the build uses: the NCCL probe and check for a GPU flavor."""
+        return ["nccl-version.c", "nccl-check.sh"] if self.gpu else []
+
+    def manifest(self) -> dict[str, Any]:
+        """/opt/kit/manifest.json: what was built, read by kit verify."""
+        nccl, backend = self.nccl, self.backend
+        return {
+            "engine": self.engine.name,
+            "ref": self.ref,
+            "flavor": self.flavor_name,
+            "recipe": self.name,
+            "archs": self.archs,
+            "cuda": self.cuda_version if self.gpu else None,
+            "cuda_source": self.config.cuda.source if self.gpu else None,
+            "nccl_pin": nccl["version"] if nccl else None,
+            "nccl_source": nccl["source"] if nccl else None,
+            "nccl_builder": "@NCCL_BUILDER@" if nccl else None,
+            "build_flags": {k: v.strip('"') for k, v in sorted(self.build_flags.items())},
+            "backend": {"target": backend["target"], "files": backend["files"],
+                        "build_flags": {k: v.strip('"') for k, v in backend["cmake_flags"]}} if backend else None,
+            "torch_cuda_arch_list": None,
+            "entrypoint": self.engine.entrypoint,
+            "prefix": self.engine.runtime.prefix,  # where the engine's code lives: kit verify scans all of it
+            "kit_version": __version__,
+        }
+
+    def labels(self) -> dict[str, str]:
+        return {
+            "org.opencontainers.image.title": f"kit {self.engine.name}",
+            "org.opencontainers.image.version": self.ref,
+            "org.opencontainers.image.source": self.engine.source.git or self.engine.homepage or "local",
+            "io.kit.engine": self.engine.name,
+            "io.kit.flavor": self.flavor_name,
+            "io.kit.archs": ",".join(str(a) for a in self.archs),
+            "io.kit.cuda": self.cuda_version if self.gpu else "none",
+            "io.kit.nccl": self.nccl["version"] if self.nccl else "none",
+        }
+
+    # ---- what the template and the build folder read
+
+    def context(self) -> dict[str, Any]:
+        engine, config, settings = self.engine, self.config, self.settings
+        return {
+            "kit_version": __version__,
+            "engine": {"name": engine.name, "ref": self.ref, "recipe": self.name},
+            "flavor": self.flavor_name,
+            "gpu": self.gpu,
+            "images": self.bases,
+            "cuda": self.cuda,
+            "nccl": self.nccl,
+            "archs": {"list": self.archs, "cmake": archs.cmake(self.archs), "torch": archs.torch(self.archs),
+                      "sm": [f"sm_{a}" for a in self.archs]},  # how torch._C._cuda_getArchFlags() names them
+            "jobs": config.build_jobs(),
+            "cmake_flags": sorted(self.build_flags.items()),
+            "backend": self.backend,
+            "targets": engine.build.targets,
+            "binaries": engine.runtime.binaries,
+            "libraries": engine.runtime.libraries,  # shell patterns of the shared libraries the runtime stage keeps
+            "prefix": engine.runtime.prefix,
+            **self.packages(),
+            "mirrors": {"apt": config.mirrors.apt, "pip_index": config.mirrors.pip_index, "ca_bundle": self.ca_bundle},
+            "debian_nonfree": bool(self.debian_cuda),
+            "torch": {
+                "version": settings.get("torch", ""),
+                "variant": settings.get("torch_variant", ""),
+                "index": f"{engine.build.torch_index}/{settings.get('torch_variant', '')}",
+            },
+            "requirement": settings.get("requirement", ""),
+            "entrypoint": engine.entrypoint,
+            "port": engine.port,
+            "health": {"cmd": engine.health_cmd, "start_period": serving.start_period_s(config)},
+            "user": USER,
+            "labels": self.labels(),
+            "manifest": self.manifest(),
+        }
+
+    def files(self) -> dict[str, str | Path]:
+        """Relative path -> text (or a host file to copy) for ``images/<engine>/``."""
+        from kit import paths, templating
+
+        ctx = self.context()
+        files: dict[str, str | Path] = {
+            "Dockerfile": templating.render(f"dockerfile/{self.name}.Dockerfile.j2", ctx),
+            "kit/manifest.json": json.dumps(ctx["manifest"], indent=2) + "\n",
+        }
+        for helper in self.helpers():
+            files[f"kit/{helper}"] = (paths.templates_dir() / "dockerfile" / "context" / helper).read_text()
+        if self.config.mirrors.ca_bundle:
+            files["kit/ca.crt"] = Path(self.config.mirrors.ca_bundle)
+        return files
+
+
+class CmakeRecipe(Recipe):
+    """A CMake project (llama.cpp): the core once per base, the GPU backend in its own stage."""
+
+    name = "cmake"
+    needs_pip = False
+
+    def packages(self) -> dict[str, list[str]]:
+        # the engine's build tools are shared by every flavor on one base; CUDA, pip and NCCL are the GPU toolchain
+        # stage's, so the core's layers stay the same for every flavor
+        build, toolchain = self._build_and_toolchain()
+        return {"build_packages": build, "toolchain_packages": toolchain, "runtime_packages": self._runtime_packages()}
+
+    def helpers(self) -> list[str]:
+        # nccl-linked.sh reads CMake's cache for the NCCL the compile used
+        return super().helpers() + (["nccl-linked.sh"] if self.nccl else [])
+
+
+class TorchSourceRecipe(Recipe):
+    """A PyTorch extension project compiled from source (vLLM) against torch from a wheel index."""
+
+    name = "torch-source"
+
+    def manifest(self) -> dict[str, Any]:
+        return {**super().manifest(), "torch_cuda_arch_list": archs.torch(self.archs) if self.gpu else None}
+
+    def helpers(self) -> list[str]:
+        # torch-archs.py checks the installed torch carries the archs before the compile starts
+        return super().helpers() + (["torch-archs.py"] if self.gpu else [])
+
+
+class WheelRecipe(Recipe):
+    """An engine installed from built wheels (NInfer): nothing compiled."""
+
+    name = "wheel"
+    source = "wheelhouse"
+
+
+RECIPES: dict[str, type[Recipe]] = {r.name: r for r in (CmakeRecipe, TorchSourceRecipe, WheelRecipe)}
+
+
+def recipe(config: StackConfig, name: str, ca_bundle: bool | None = None) -> Recipe:
+    """The recipe object for engine ``name`` of this stack (``images/<name>.yaml``'s ``recipe:``)."""
     engine = catalog.get(name)
-    settings = config.engine_settings(name)
-    flavor_name = serving.flavor(config, name)
-    flavor = engine.flavors[flavor_name]
-    gpu = flavor.gpu
-    arch_list = archs.configured(config) if gpu else []
-    wheels = gpu and config.cuda.source == "wheels"
-    pip_nccl = gpu and config.nccl.source == "pip"
-    cuda_version = engine_cuda_version(config, name)
-    debian_cuda = _debian_toolkit(cuda_version) if gpu and config.cuda.source == "debian" else None
-    cuda_pin = f"=={major_minor(cuda_version)}.*"
-    nccl = nccl_facts(config, name) if gpu else None
-    ref = str(settings.get("ref") or engine.source.ref or engine.version)
+    cls = RECIPES.get(engine.recipe)
+    if cls is None:
+        raise KitError(f"images/{name}.yaml", f"unknown recipe {engine.recipe!r}", f"use one of {', '.join(RECIPES)}")
+    return cls(config, name, bool(config.mirrors.ca_bundle) if ca_bundle is None else ca_bundle)
 
-    # "{ref}" in a catalog value is the pinned ref (llama.cpp's LLAMA_BUILD_COMMIT: a source tree without .git
-    # would otherwise report "commit unknown" in --version)
-    cmake_flags: dict[str, str] = {k: v.replace("{ref}", ref) for k, v in engine.build.cmake.items()}
-    cmake_flags.update(flavor.cmake)
-    gpu_flags: dict[str, str] = {}
-    if gpu:
-        gpu_flags["CMAKE_CUDA_ARCHITECTURES"] = f'"{archs.cmake(arch_list)}"'
-        if nccl and nccl["source"] == "pip":
-            gpu_flags["NCCL_ROOT"] = nccl["pip_root"]
-        if debian_cuda:
-            gpu_flags["CMAKE_CUDA_HOST_COMPILER"] = debian_cuda["host_compiler"]
-    backend = None
-    if flavor.backend and gpu:
-        # the GPU backend compiles in its own build folder with the core's flags plus its own; only its module is
-        # kept, so the core (compiled without CUDA) stays identical to every other flavor's
-        backend_flags = {**cmake_flags, **flavor.backend.cmake, **gpu_flags}
-        backend = {"target": flavor.backend.target, "files": flavor.backend.files,
-                   "cmake_flags": sorted(backend_flags.items())}
-    else:
-        cmake_flags.update(gpu_flags)
 
-    debian_builder = debian_cuda["builder_packages"] if debian_cuda and engine.build.compiles_cuda else []
-    pip = PIP_PACKAGES if wheels or pip_nccl or engine.recipe != "cmake" else []
-    probe = ["build-essential"] if nccl else []  # compiles the kit-nccl-version probe
-    build_packages = list(engine.build.packages)
-    # cmake: the engine's build tools are shared by every flavor on one base, and CUDA, pip and NCCL are the GPU
-    # toolchain stage's; the other recipes have one toolchain stage that holds everything
-    toolchain_packages = _new(build_packages, debian_builder + pip + probe)
-    if engine.recipe != "cmake":
-        build_packages += toolchain_packages
-        toolchain_packages = []
-    runtime_packages = list(engine.runtime.packages) + (debian_cuda["runtime_packages"] if debian_cuda else [])
-    if wheels or pip_nccl:
-        runtime_packages += _new(runtime_packages, PIP_PACKAGES)
-
-    manifest = {
-        "engine": engine.name,
-        "ref": ref,
-        "flavor": flavor_name,
-        "recipe": engine.recipe,
-        "archs": arch_list,
-        "cuda": cuda_version if gpu else None,
-        "cuda_source": config.cuda.source if gpu else None,
-        "nccl_pin": nccl["version"] if nccl else None,
-        "nccl_source": nccl["source"] if nccl else None,
-        "nccl_builder": "@NCCL_BUILDER@" if nccl else None,
-        "build_flags": {k: v.strip('"') for k, v in sorted(cmake_flags.items())},
-        "backend": {"target": backend["target"], "files": backend["files"],
-                    "build_flags": {k: v.strip('"') for k, v in backend["cmake_flags"]}} if backend else None,
-        "torch_cuda_arch_list": archs.torch(arch_list) if gpu and engine.recipe == "torch-source" else None,
-        "entrypoint": engine.entrypoint,
-        "prefix": engine.runtime.prefix,  # where the engine's code lives: kit verify scans all of it
-        "kit_version": __version__,
-    }
-    labels = {
-        "org.opencontainers.image.title": f"kit {engine.name}",
-        "org.opencontainers.image.version": ref,
-        "org.opencontainers.image.source": engine.source.git or engine.homepage or "local",
-        "io.kit.engine": engine.name,
-        "io.kit.flavor": flavor_name,
-        "io.kit.archs": ",".join(str(a) for a in arch_list),
-        "io.kit.cuda": cuda_version if gpu else "none",
-        "io.kit.nccl": nccl["version"] if nccl else "none",
-    }
-    return {
-        "kit_version": __version__,
-        "engine": {"name": engine.name, "ref": ref, "recipe": engine.recipe},
-        "flavor": flavor_name,
-        "gpu": gpu,
-        "images": base_images(config, name, gpu),
-        "cuda": {
-            "version": cuda_version,
-            "source": config.cuda.source,
-            "builder_wheels": [w + cuda_pin for w in CUDA_BUILDER_WHEELS] if wheels else [],
-            "runtime_wheels": [w + cuda_pin for w in CUDA_RUNTIME_WHEELS] if wheels else [],
-        },
-        "nccl": nccl,
-        "archs": {"list": arch_list, "cmake": archs.cmake(arch_list), "torch": archs.torch(arch_list),
-                  "sm": [f"sm_{a}" for a in arch_list]},  # how torch._C._cuda_getArchFlags() names them
-        "jobs": config.build_jobs(),
-        "cmake_flags": sorted(cmake_flags.items()),
-        "backend": backend,
-        "targets": engine.build.targets,
-        "binaries": engine.runtime.binaries,
-        "libraries": engine.runtime.libraries,  # shell patterns of the shared libraries the runtime stage keeps
-        "prefix": engine.runtime.prefix,
-        "build_packages": build_packages,
-        "toolchain_packages": toolchain_packages,
-        "runtime_packages": runtime_packages,
-        "mirrors": {"apt": config.mirrors.apt, "pip_index": config.mirrors.pip_index, "ca_bundle": ca_bundle},
-        "debian_nonfree": bool(debian_cuda),
-        "torch": {
-            "version": settings.get("torch", ""),
-            "variant": settings.get("torch_variant", ""),
-            "index": f"{engine.build.torch_index}/{settings.get('torch_variant', '')}",
-        },
-        "requirement": settings.get("requirement", ""),
-        "entrypoint": engine.entrypoint,
-        "port": engine.port,
-        "health": {"cmd": engine.health_cmd, "start_period": serving.start_period_s(config)},
-        "user": USER,
-        "labels": labels,
-        "manifest": manifest,
-    }
+def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
+    """The template variables of engine ``name``'s Dockerfile."""
+    return recipe(config, name, ca_bundle).context()
 
 
 def render_files(config: StackConfig, name: str) -> dict[str, str | Path]:
     """Relative path -> text (or a host file to copy) for ``images/<engine>/``."""
-    from kit import paths, templating
-
-    engine = catalog.get(name)
-    ca = config.mirrors.ca_bundle
-    ctx = context(config, name, ca_bundle=bool(ca))
-    files: dict[str, str | Path] = {
-        "Dockerfile": templating.render(f"dockerfile/{engine.recipe}.Dockerfile.j2", ctx),
-        "kit/manifest.json": json.dumps(ctx["manifest"], indent=2) + "\n",
-    }
-    if ctx["gpu"]:
-        linked = ["nccl-linked.sh"] if engine.recipe == "cmake" and ctx["nccl"] else []  # reads CMake's cache
-        torch = ["torch-archs.py"] if engine.recipe == "torch-source" else []  # checks torch before the compile
-        for helper in ["nccl-version.c", "nccl-check.sh", *linked, *torch]:
-            files[f"kit/{helper}"] = (paths.templates_dir() / "dockerfile" / "context" / helper).read_text()
-    if ca:
-        files["kit/ca.crt"] = Path(ca)
-    return files
+    return recipe(config, name).files()
