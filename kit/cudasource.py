@@ -1,4 +1,5 @@
-"""Where CUDA comes from, as data (``images/cuda.yaml``): Debian's toolkit per release, looked up by version."""
+"""Where CUDA comes from, as data (``images/cuda.yaml``): Debian's toolkit per release, looked up by version, and
+the PyPI wheels per stage."""
 
 from __future__ import annotations
 
@@ -30,3 +31,9 @@ def unknown_debian_version(cuda_version: str) -> tuple[str, str]:
 def debian_toolkit(cuda_version: str) -> dict[str, Any] | None:
     """The Debian release and packages for ``cuda.source: debian`` at this CUDA version; None when none has it."""
     return table()["debian"].get(major_minor(cuda_version))
+
+
+def cuda_wheels(stage: str, cuda_version: str) -> list[str]:
+    """The CUDA wheels of a stage (builder | runtime) for ``cuda.source: wheels``, pinned to the CUDA version."""
+    pin = f"=={major_minor(cuda_version)}.*"
+    return [wheel + pin for wheel in table()["wheels"][stage]]

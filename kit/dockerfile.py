@@ -17,10 +17,6 @@ from kit.config import StackConfig
 from kit.errors import KitError
 from kit.versions import major_minor
 
-# CUDA pieces from PyPI (cuda.source: wheels). The 12.x nvcc wheel has ptxas, nvvm and headers but no `nvcc`
-# driver; the compile stage says so instead of failing obscurely.
-CUDA_BUILDER_WHEELS = ["nvidia-cuda-nvcc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12", "nvidia-cuda-cccl-cu12"]
-CUDA_RUNTIME_WHEELS = ["nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12"]
 DEBIAN_BASE = "debian:bookworm-slim"
 PIP_PACKAGES = ["python3", "python3-pip"]
 USER = {"name": "kit", "uid": 10001, "home": "/home/kit"}
@@ -127,10 +123,9 @@ class Recipe:
     @cached_property
     def cuda(self) -> dict[str, Any]:
         wheels = self.gpu and self.config.cuda.source == "wheels"
-        pin = f"=={major_minor(self.cuda_version)}.*"
         return {"version": self.cuda_version, "source": self.config.cuda.source,
-                "builder_wheels": [w + pin for w in CUDA_BUILDER_WHEELS] if wheels else [],
-                "runtime_wheels": [w + pin for w in CUDA_RUNTIME_WHEELS] if wheels else []}
+                "builder_wheels": cudasource.cuda_wheels("builder", self.cuda_version) if wheels else [],
+                "runtime_wheels": cudasource.cuda_wheels("runtime", self.cuda_version) if wheels else []}
 
     @cached_property
     def gpu_flags(self) -> dict[str, str]:
