@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from kit import __version__, catalog, serving, templating
+from kit import __version__, catalog, resolve, serving, templating
 from kit.containerspec import GPU_ULIMITS, engine_env, gpu_block, healthcheck, logging_block
 from kit.config import StackConfig
 from kit.services import FRONT_DOOR, FRONT_DOOR_PORT, Service, front_door_image, services
@@ -32,7 +32,6 @@ def _ports(config: StackConfig, service: Service) -> list[str]:
 def engine_service(config: StackConfig, service: Service) -> dict[str, Any]:
     name = service.engine or ""
     engine = catalog.get(name)
-    flavor = engine.flavors[serving.flavor(config, name)]
     env = engine_env(config, name, f"${{{API_KEY_VAR}}}" if config.serve.api_key else None)
     body: dict[str, Any] = {
         "image": service.image,
@@ -49,7 +48,7 @@ def engine_service(config: StackConfig, service: Service) -> dict[str, Any]:
         "logging": logging_block(),
         "labels": {"io.kit.role": service.role, "io.kit.engine": name},
     }
-    if flavor.gpu:
+    if resolve.gpu(config, name):
         body["ulimits"] = dict(GPU_ULIMITS)
         body["deploy"] = gpu_block(config.hardware.device_ids)
     return body

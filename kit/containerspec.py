@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from kit import catalog, paths, serving
+from kit import catalog, paths, resolve, serving
 from kit.config import StackConfig
 
 
@@ -48,7 +48,7 @@ def engine_env(config: StackConfig, name: str, api_key_ref: str | None) -> dict[
     """An engine's environment: NCCL settings for GPU flavors, the catalog's env, the API key as a reference."""
     engine = catalog.get(name)
     env: dict[str, str] = {}
-    if engine.flavors[serving.flavor(config, name)].gpu:
+    if resolve.gpu(config, name):
         env.update(nccl_env(config))
     env.update(serving.environment(config, name))
     if api_key_ref and engine.serve.api_key_env:

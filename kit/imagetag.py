@@ -14,11 +14,11 @@ def engine_cuda_version(config: StackConfig, name: str) -> str:
 
 def image_tag(config: StackConfig, name: str) -> str:
     """``kit/llama-cpp:0c1e57098-cu12.9.1-sm70``; the cpu flavor is ``...-cpu``."""
-    from kit import serving
+    from kit import resolve
 
     engine = catalog.get(name)
     settings = config.engine_settings(name)
-    gpu = engine.flavors[serving.flavor(config, name)].gpu
+    gpu = resolve.gpu(config, name)
     ref = str(settings.get("ref") or engine.version).lstrip("v")
     if gpu:
         suffix = f"cu{engine_cuda_version(config, name)}-{archs.label(archs.configured(config))}"

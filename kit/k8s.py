@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from kit import __version__, catalog, compose, containerspec, serving
+from kit import __version__, catalog, compose, containerspec, resolve, serving
 from kit.config import StackConfig
 from kit.errors import KitError
 from kit.services import FRONT_DOOR, Service, services
@@ -69,7 +69,7 @@ def secret_name(config: StackConfig) -> str:
 def _engine_container(config: StackConfig, service: Service) -> dict[str, Any]:
     name = service.engine or ""
     engine = catalog.get(name)
-    gpu = engine.flavors[serving.flavor(config, name)].gpu and config.hardware.gpus > 0
+    gpu = resolve.gpu(config, name)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in containerspec.engine_env(config, name, None).items()]
     if config.serve.api_key and engine.serve.api_key_env:
         env.append({"name": engine.serve.api_key_env,
@@ -173,8 +173,7 @@ def objects(config: StackConfig) -> dict[str, list[dict[str, Any]]]:
 def notes(config: StackConfig) -> list[str]:
     """What a cluster must give these manifests that compose on one box does not need."""
     out: list[str] = []
-    gpu_services = [s for s in services(config) if s.engine and config.hardware.gpus > 0
-                    and catalog.get(s.engine).flavors[serving.flavor(config, s.engine)].gpu]
+    gpu_services = [s for s in services(config) if s.engine and resolve.gpu(config, s.engine)]
     if len(gpu_services) > 1:
         names = " and ".join(s.name for s in gpu_services)
         out.append(f"k8s: {names} each ask for {config.hardware.gpus} {GPU_RESOURCE}: pods share no GPU unless the "

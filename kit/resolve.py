@@ -105,6 +105,12 @@ def flavor(config: StackConfig, name: str) -> str:
     return value
 
 
+def gpu(config: StackConfig, name: str) -> bool:
+    """The engine runs on GPUs: its flavor is a GPU one and the stack has GPUs (the one place that decides it; no
+    model needed, so `kit status` and `kit down` can ask it anywhere)."""
+    return catalog.get(name).flavors[flavor(config, name)].gpu and config.hardware.gpus > 0
+
+
 def _resolve(config: StackConfig, name: str) -> ResolvedEngine:
     record = catalog.get(name)
     flavor_name = flavor(config, name)
@@ -127,7 +133,7 @@ def _resolve(config: StackConfig, name: str) -> ResolvedEngine:
     elif info is not None and info.context_length and int(ctx) > info.context_length:
         notes.append(trained_length_note(int(ctx), info))
     return ResolvedEngine(
-        name=name, flavor=flavor_name, gpu=record.flavors[flavor_name].gpu and config.hardware.gpus > 0,
+        name=name, flavor=flavor_name, gpu=gpu(config, name),
         settings=MappingProxyType(settings), model_file=model_file(config, name), host_model_path=path,
         ctx=int(ctx), slots=config.serve.concurrency, notes=tuple(notes),
     )

@@ -66,7 +66,7 @@ def _field(env_key: str, default: Any, type_: str, required: bool = True, label:
 
 def form_fields(config: StackConfig, name: str) -> list[dict[str, Any]]:
     engine = catalog.get(name)
-    gpu = engine.flavors[serving.flavor(config, name)].gpu
+    gpu = resolve.gpu(config, name)
     fields = [
         _field(PORT, config.serve.port, "number", rule="paramPort"),
         _field("MODEL_DIR", "/opt/models", "text"),
@@ -107,7 +107,6 @@ def command_string(config: StackConfig, name: str) -> str:
 
 def compose_for(config: StackConfig, name: str, key: str) -> dict[str, Any]:
     engine = catalog.get(name)
-    flavor = engine.flavors[serving.flavor(config, name)]
     env = containerspec.engine_env(config, name, "${API_KEY}")
     service: dict[str, Any] = {
         "image": imagetag.image_tag(config, name),
@@ -121,7 +120,7 @@ def compose_for(config: StackConfig, name: str, key: str) -> dict[str, Any]:
         "environment": env,
         "ipc": "host",
     }
-    if flavor.gpu:
+    if resolve.gpu(config, name):
         service["ulimits"] = dict(containerspec.GPU_ULIMITS)
         # one device_ids entry per GPU, each from its own form field: CDI (Docker >= 29.2) resolves
         # nvidia.com/gpu=0 and nvidia.com/gpu=1, never nvidia.com/gpu=0,1
@@ -182,7 +181,7 @@ def app_files(config: StackConfig, name: str) -> dict[str, str | bytes]:
     key = info["key"]
     version = version_name(config, name)
     engine = catalog.get(name)
-    gpu = engine.flavors[serving.flavor(config, name)].gpu
+    gpu = resolve.gpu(config, name)
     readme_ctx = {
         "name": info["name"],
         "description": localized(info["description"]),
