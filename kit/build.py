@@ -83,7 +83,24 @@ def assemble_context(config: StackConfig, name: str, dest: Path, source: Path | 
     render.write_tree(dest, files)
     code = needs_code(str(files["Dockerfile"]), target)
     SOURCES[made.source](config, name, dest, source, code)
+    _local_sources(made, dest, code)
     return made
+
+
+def _local_sources(made: dockerfile.Recipe, dest: Path, code: bool) -> None:
+    """``dest/deps/<name>``: the folders the stack gives for what the engine's build would fetch from GitHub."""
+    wanted = made.local_sources()
+    if not wanted:
+        return
+    (dest / "deps").mkdir()
+    for item in wanted:
+        folder = Path(item["host"]).expanduser()
+        if not folder.is_dir():
+            if not code:
+                continue
+            raise KitError(f"engines.{made.engine.name}.local_sources.{item['name']}", f"{folder} is not a folder",
+                           f"put a checkout of {item['git']} at {item['ref']} there")
+        shutil.copytree(folder, dest / "deps" / item["name"], ignore=shutil.ignore_patterns(".git"), symlinks=True)
 
 
 def _wheelhouse(config: StackConfig, name: str, dest: Path, source: Path | None, code: bool) -> None:

@@ -46,6 +46,14 @@ class Source(_Record):
     package: str = ""
 
 
+class FetchedSource(_Record):
+    """A source tree the engine's own build downloads (CMake FetchContent) unless told a local folder."""
+
+    env: str  # the variable the build reads for a local folder
+    git: str
+    ref: str
+
+
 class BuildInputs(_Record):
     packages: list[str] = Field(default_factory=list)
     cmake: dict[str, str] = Field(default_factory=dict)
@@ -54,6 +62,8 @@ class BuildInputs(_Record):
     # the build runs nvcc (cuda.source: debian installs the toolkit for it); an engine installed from built wheels
     # does not, and its builder need not download a CUDA toolkit
     compiles_cuda: bool = True
+    # sources the build fetches from GitHub itself; engines.<name>.local_sources can name a folder for each
+    fetches: dict[str, FetchedSource] = Field(default_factory=dict)
 
 
 class RuntimeInputs(_Record):

@@ -316,6 +316,12 @@ def _check_type(field: str, value: Any, default: Any) -> None:
         expected = (int, float)
     elif isinstance(default, list):
         expected = (list,)
+    elif isinstance(default, dict):
+        expected = (dict,)
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(item, (str, int, float)) or isinstance(item, bool):
+                    raise KitError(f"{field}.{key}", f"{item!r} is not a plain value", "use NAME: value pairs")
     else:
         expected = (str, int, float)  # "all" or 99, "auto" or 0.9: strings may hold numbers
     if isinstance(value, bool) and not isinstance(default, bool) or not isinstance(value, expected):

@@ -20,6 +20,8 @@ from kit.versions import major_minor
 DEBIAN_BASE = "debian:bookworm-slim"
 PIP_PACKAGES = ["python3", "python3-pip"]
 USER = {"name": "kit", "uid": 10001, "home": "/home/kit"}
+PYPI = "pypi"  # torch_variant: the pip index's own torch wheels
+DEPS_DIR = "/opt/kit/deps"  # local folders for what an engine's build would fetch (build.fetches)
 
 
 def base_images(config: StackConfig, name: str, gpu: bool) -> dict[str, str]:
@@ -182,6 +184,26 @@ class Recipe:
             runtime += _new(runtime, PIP_PACKAGES)
         return runtime
 
+    def torch(self) -> dict[str, str]:
+        """The torch wheel a torch-source build compiles against: its version, variant and index. Variant ``pypi``
+        is the pip index itself (mirrors.pip_index, else PyPI), whose default torch wheels carry their own CUDA."""
+        variant = str(self.settings.get("torch_variant", ""))
+        index = "" if variant in ("", PYPI) else f"{self.engine.build.torch_index}/{variant}"
+        return {"version": str(self.settings.get("torch", "")), "variant": variant, "index": index}
+
+    def local_sources(self) -> list[dict[str, str]]:
+        """The sources the engine's build would fetch from GitHub that the stack gives as folders instead
+        (engines.<name>.local_sources): each lands in the build folder's deps/<name> and its variable points there."""
+        given = dict(self.settings.get("local_sources") or {})
+        fetches = self.engine.build.fetches
+        unknown = sorted(set(given) - set(fetches))
+        if unknown:
+            known = ", ".join(fetches) or "none: this engine's build fetches nothing"
+            raise KitError(f"engines.{self.engine.name}.local_sources.{unknown[0]}",
+                           "is not a source this engine's build fetches", f"use one of {known}")
+        return [{"name": name, "env": fetches[name].env, "path": f"{DEPS_DIR}/{name}", "host": str(given[name]),
+                 "git": fetches[name].git, "ref": fetches[name].ref} for name in fetches if name in given]
+
     def helpers(self) -> list[str]:
         """Files of templates/dockerfile/context/ the build uses: the NCCL probe and check for a GPU flavor."""
         return ["nccl-version.c", "nccl-check.sh"] if self.gpu else []
@@ -245,11 +267,9 @@ class Recipe:
             **self.packages(),
             "mirrors": {"apt": config.mirrors.apt, "pip_index": config.mirrors.pip_index, "ca_bundle": self.ca_bundle},
             "debian_nonfree": bool(self.debian_cuda),
-            "torch": {
-                "version": settings.get("torch", ""),
-                "variant": settings.get("torch_variant", ""),
-                "index": f"{engine.build.torch_index}/{settings.get('torch_variant', '')}",
-            },
+            "torch": self.torch(),
+            "local_sources": self.local_sources(),
+            "deps_dir": DEPS_DIR,
             "requirement": settings.get("requirement", ""),
             "entrypoint": engine.entrypoint,
             "port": engine.port,
