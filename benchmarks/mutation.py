@@ -63,7 +63,8 @@ def run(module: str, tests: list[str], max_children: int) -> dict:
     killed = counts.get("killed", 0)
     judged = killed + counts.get("survived", 0)
     return {"module": module, "tests": tests, "counts": counts, "score": round(killed / judged, 3) if judged else None,
-            "survivors": survivors, "wall_s": round(time.monotonic() - start)}
+            "survivors": survivors, "wall_s": round(time.monotonic() - start),
+            "output_tail": (ran.stdout + ran.stderr)[-1500:]}
 
 
 def main() -> None:
@@ -75,12 +76,13 @@ def main() -> None:
     args = parser.parse_args()
     result = run(args.module, args.tests, args.max_children)
     if result["score"] is None:  # nothing was judged: keep the last real score rather than a blank one
-        raise SystemExit(f"{result['module']}: mutmut judged no mutant ({result['counts']}); nothing kept")
+        raise SystemExit(f"{result['module']}: mutmut judged no mutant ({result['counts']}); nothing kept\n"
+                         f"{result['output_tail']}")
     print(f"{result['module']}: score {result['score']} ({result['counts']}) in {result['wall_s']} s")
     for name, change in result["survivors"].items():
         print(f"  survived: {name}: {' | '.join(change)[:200]}")
     kept = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    kept[result["module"]] = result
+    kept[result["module"]] = {k: v for k, v in result.items() if k != "output_tail"}
     args.out.write_text(json.dumps(kept, indent=1) + "\n")
 
 

@@ -136,3 +136,11 @@ def test_verify_unknown_check_is_an_error_listing_the_valid_ones(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("error: --check: unknown check 'nope'; use one of nccl-runtime, nccl-builder, ")
     assert "Traceback" not in result.stderr
+
+
+def test_render_with_an_unknown_target_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "kit", "render", "--target", "helm", "-o", str(tmp_path / "o")],
+                            capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "--target: unknown target 'helm'; use one of compose, k8s" in result.stderr
+    assert not (tmp_path / "o").exists()
