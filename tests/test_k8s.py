@@ -235,3 +235,147 @@ def test_notes_say_what_the_cluster_must_give():
     assert "set build.registry" in both[1]
     assert k8s.notes(make_config({"build": {"registry": "registry.lan:5000/team"}})) == []
     assert k8s.notes(make_config({"preset": "cpu", "build": {"registry": "harbor.example/kit"}})) == []
+
+
+def _labels_by_hand(name: str, role: str, engine: str | None = None) -> dict[str, str]:
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "seed", "app.kubernetes.io/managed-by": "kit",
+              "io.kit.role": role}
+    return {**labels, "io.kit.engine": engine} if engine else labels
+
+
+def _probe(path: str, port: int, period: int, failures: int) -> dict:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "timeoutSeconds": 5,
+            "failureThreshold": failures}
+
+
+def test_ninfer_primary_objects_written_out_by_hand(tmp_path):
+    """The seeds' final stack (NInfer primary, llama.cpp fallback, front door) as the objects kit writes, every field
+    spelled out from what it is for; nginx.conf is compose's (test_compose.py)."""
+    config = make_config({"preset": "ninfer-primary", "stack": {"name": "seed"}, "model": {"dir": str(tmp_path)}})
+    files = k8s.objects(config)
+    assert list(files) == ["ninfer.yaml", "llama-cpp.yaml", "front-door.yaml"]
+    conf, door, door_service = files["front-door.yaml"]  # the ConfigMap first: the Deployment mounts it
+    selector = {"app.kubernetes.io/name": "front-door", "app.kubernetes.io/part-of": "seed"}
+    assert {**conf, "data": None} == {"apiVersion": "v1", "kind": "ConfigMap", "data": None, "metadata": {
+        "name": "seed-front-door", "labels": _labels_by_hand("front-door", "front-door")}}
+    assert conf["data"]["nginx.conf"].startswith("# Rendered by kit")
+    assert door == {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "front-door", "labels": _labels_by_hand("front-door", "front-door")},
+        "spec": {"replicas": 1, "strategy": {"type": "RollingUpdate"}, "selector": {"matchLabels": selector},
+                 "template": {"metadata": {"labels": _labels_by_hand("front-door", "front-door")}, "spec": {
+                     "containers": [{
+                         "name": "front-door", "image": "kit/front-door:0.1.0", "imagePullPolicy": "IfNotPresent",
+                         "command": ["/usr/sbin/nginx"], "args": ["-c", "/etc/kit/nginx.conf", "-g", "daemon off;"],
+                         "ports": [{"name": "http", "containerPort": 8080}],
+                         "readinessProbe": _probe("/kit/health", 8080, 10, 3),
+                         "livenessProbe": _probe("/kit/health", 8080, 10, 3),
+                         "volumeMounts": [{"name": "conf", "mountPath": "/etc/kit", "readOnly": True}],
+                         "securityContext": {"allowPrivilegeEscalation": False}}],
+                     "volumes": [{"name": "conf", "configMap": {"name": "seed-front-door"}}]}}}}
+    assert door_service == {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "front-door", "labels": _labels_by_hand("front-door", "front-door")}, "spec": {
+        "type": "ClusterIP", "selector": selector, "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]}}
+    engine, engine_service = files["ninfer.yaml"]
+    labels = _labels_by_hand("ninfer", "primary", "ninfer")
+    assert engine == {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "ninfer", "labels": labels},
+        "spec": {"replicas": 1, "strategy": {"type": "Recreate"},
+                 "selector": {"matchLabels": {"app.kubernetes.io/name": "ninfer", "app.kubernetes.io/part-of": "seed"}},
+                 "template": {"metadata": {"labels": labels}, "spec": {
+                     "containers": [{
+                         "name": "ninfer", "image": "kit/ninfer:local-cu12.9.1-sm70", "imagePullPolicy": "IfNotPresent",
+                         "command": ["/opt/venv/bin/ninfer", "serve"],
+                         "args": ["--model", "/models/Qwen3.8-27B-NF4", "--host", "0.0.0.0", "--port", "8000",
+                                  "--quantization", "nf4", "--max-model-len", "16384", "--gpu-memory-utilization", "0.9",
+                                  "--tensor-parallel-size", "2", "--dtype", "float16"],
+                         "env": [{"name": "NCCL_DEBUG", "value": "WARN"}, {"name": "NCCL_P2P_LEVEL", "value": "NVL"},
+                                 {"name": "NINFER_API_KEY", "valueFrom": {"secretKeyRef": {
+                                     "name": "seed-api-key", "key": "KIT_API_KEY"}}}],
+                         "ports": [{"name": "http", "containerPort": 8000}],
+                         # 60 s + 10 s/GiB x 15 GiB = 210 s of start period: 21 startup probes 10 s apart
+                         "startupProbe": _probe("/health", 8000, 10, 21),
+                         "readinessProbe": _probe("/health", 8000, 10, 3),
+                         "livenessProbe": _probe("/health", 8000, 15, 3),
+                         "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
+                                          {"name": "shm", "mountPath": "/dev/shm"}],
+                         "securityContext": {"allowPrivilegeEscalation": False},
+                         "resources": {"limits": {"nvidia.com/gpu": 2}}}],
+                     "volumes": [{"name": "models", "hostPath": {"path": str(tmp_path), "type": "Directory"}},
+                                 {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                         "nodeSelectorTerms": [{"matchExpressions": [{
+                             "key": "nvidia.com/gpu.product", "operator": "In",
+                             "values": ["Tesla-V100-SXM2-16GB"]}]}]}}}}}}}
+    assert engine_service["spec"] == {"type": "ClusterIP", "selector": {
+        "app.kubernetes.io/name": "ninfer", "app.kubernetes.io/part-of": "seed"},
+        "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]}
+    assert engine_service["metadata"] == {"name": "ninfer", "labels": labels}
+
+
+def test_namespace_and_kustomization_text(tmp_path):
+    out = rendered(tmp_path, {"stack": {"name": "seed"}})
+    assert yaml.safe_load((out / "k8s" / "namespace.yaml").read_text()) == {
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "seed", "labels": {"app.kubernetes.io/managed-by": "kit"}}}
+    assert yaml.safe_load((out / "k8s" / "kustomization.yaml").read_text()) == {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": "seed",
+        "resources": ["namespace.yaml", "llama-cpp.yaml"],
+        "secretGenerator": [{"name": "seed-api-key", "envs": ["api-key.env"]}]}
+    assert (out / "k8s" / "llama-cpp.yaml").read_text().startswith(
+        "# Rendered by kit 0.1.0: edit kit.yaml and run `kit render --target k8s`, not this file.\napiVersion: apps/v1\n")
+
+
+def test_a_lone_engine_exposed_is_the_nodeport():
+    config = make_config({"serve": {"expose": True}})
+    (deployment, service) = k8s.objects(config)["llama-cpp.yaml"]
+    assert service["spec"]["type"] == "NodePort"
+
+
+def test_the_stack_name_line():
+    with pytest.raises(KitError) as err:
+        k8s.objects(make_config({"stack": {"name": "V100_box"}}))
+    assert err.value.line() == ("stack.name: 'V100_box' is not a Kubernetes namespace name; use lowercase letters, "
+                                "digits and '-' (at most 63), starting and ending with a letter or digit")
+
+
+def test_problems_name_the_object_and_the_container():
+    bare = {"spec": {"template": {"spec": {"containers": [{"name": "x", "command": ["/bin/bash", "-c", "y"]}]}}}}
+    assert k8s.problems([bare], expose=False) == ["?/?: container x has no exec-form command"]
+    for shell in ("sh", "bash", "/bin/sh", "/bin/bash"):
+        doc = {"kind": "Deployment", "metadata": {"name": "d"},
+               "spec": {"template": {"spec": {"containers": [{"name": "c", "command": [shell, "-c", "y"]}]}}}}
+        assert k8s.problems([doc], expose=False) == ["Deployment/d: container c has no exec-form command"]
+    ported = {"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": {"spec": {"containers": [
+        {"name": "c", "command": ["/app/x"], "ports": [{"containerPort": 1, "hostPort": 1}]}]}}}}
+    assert k8s.problems([ported], expose=True) == ["Deployment/d: container c publishes a hostPort"]
+    secret = {"kind": "Secret", "metadata": {"name": "s"}, "data": {"K": "eA=="}}
+    assert k8s.problems([secret], expose=False) == ["Secret/s: a Secret with its values in the manifest"]
+    untyped = {"kind": "Service", "metadata": {"name": "s"}, "spec": {"ports": []}}  # Kubernetes' default: ClusterIP
+    assert k8s.problems([untyped], expose=False) == []
+    portless = {"kind": "Deployment", "metadata": {"name": "d"},
+                "spec": {"template": {"spec": {"containers": [{"name": "c", "command": ["/app/x"]}]}}}}
+    assert k8s.problems([portless], expose=False) == []
+    assert k8s.problems([portless], expose=False, secret="") == []  # no key: nothing to look for
+
+
+def test_kit_refuses_manifests_that_hold_the_key(tmp_path, monkeypatch):
+    real = k8s.deployment
+
+    def leaky(config, service):
+        doc = real(config, service)
+        doc["metadata"]["annotations"] = {"note": "kit-0123456789abcdef0123456789abcdef"}
+        return doc
+    monkeypatch.setattr(k8s, "deployment", leaky)
+    with pytest.raises(KitError) as err:
+        k8s.files(make_config({}), "kit-0123456789abcdef0123456789abcdef")
+    assert err.value.line() == ("k8s: Deployment/llama-cpp: holds the API key; report this: kit rendered manifests "
+                                "that break its own rules")
+
+
+def test_which_registries_need_the_push_note():
+    note = "set build.registry"
+    for registry, needs in (("kit", True), ("team/kit", True), ("kit/x.y", True), ("harbor.example/kit", False),
+                            ("localhost:5000/kit", False), ("registry.lan:5000/team", False)):
+        notes = k8s.notes(make_config({"preset": "cpu", "build": {"registry": registry}}))
+        assert any(note in n for n in notes) == needs, registry
