@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COPY = ("kit", "tests", "images", "templates", "appstore", "pyproject.toml")
+COPY = ("kit", "tests", "images", "templates", "appstore", "pyproject.toml", ".hadolint.yaml")
 
 
 def run(module: str, tests: list[str], max_children: int) -> dict:
@@ -39,7 +39,7 @@ def run(module: str, tests: list[str], max_children: int) -> dict:
         pyproject.write_text(pyproject.read_text() + "\n[tool.mutmut]\n"
                              f'source_paths = ["kit/"]\nonly_mutate = ["{module}"]\n'
                              f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
-                             'also_copy = ["images/", "templates/", "appstore/"]\n')
+                             'also_copy = ["images/", "templates/", "appstore/", ".hadolint.yaml"]\n')
         start = time.monotonic()
         # the copy's kit/ must be the one imported: a PYTHONPATH to the checkout would test the unmutated code
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -74,7 +74,7 @@ class BuildResult:
 def assemble_context(config: StackConfig, name: str, dest: Path, source: Path | None,
                      target: str) -> dockerfile.Recipe:
     """Write everything the Docker build needs into ``dest``; the recipe that decided it, for the build's report."""
-    made = dockerfile.recipe(config, name)
+    made = dockerfile.recipe(config, name, bool(config.mirrors.ca_bundle))
     files = made.files()
     known = list(stages(str(files["Dockerfile"])))
     if target not in known:

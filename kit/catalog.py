@@ -156,7 +156,7 @@ class TuneSpace(_Record):
 
 class Engine(_Record):
     name: str
-    recipe: Literal["cmake", "torch-source", "wheel"]
+    recipe: Literal["cmake", "torch-source", "wheel"]  # kit.dockerfile.RECIPES: one class and one template each
     description: str
     homepage: str = ""
     version: str

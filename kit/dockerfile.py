@@ -198,9 +198,8 @@ class Recipe:
         fetches = self.engine.build.fetches
         unknown = sorted(set(given) - set(fetches))
         if unknown:
-            known = ", ".join(fetches) or "none: this engine's build fetches nothing"
             raise KitError(f"engines.{self.engine.name}.local_sources.{unknown[0]}",
-                           "is not a source this engine's build fetches", f"use one of {known}")
+                           "is not a source this engine's build fetches", f"use one of {', '.join(fetches)}")
         return [{"name": name, "env": fetches[name].env, "path": f"{DEPS_DIR}/{name}", "host": str(given[name]),
                  "git": fetches[name].git, "ref": fetches[name].ref} for name in fetches if name in given]
 
@@ -335,13 +334,10 @@ class WheelRecipe(Recipe):
 RECIPES: dict[str, type[Recipe]] = {r.name: r for r in (CmakeRecipe, TorchSourceRecipe, WheelRecipe)}
 
 
-def recipe(config: StackConfig, name: str, ca_bundle: bool | None = None) -> Recipe:
-    """The recipe object for engine ``name`` of this stack (``images/<name>.yaml``'s ``recipe:``)."""
-    engine = catalog.get(name)
-    cls = RECIPES.get(engine.recipe)
-    if cls is None:
-        raise KitError(f"images/{name}.yaml", f"unknown recipe {engine.recipe!r}", f"use one of {', '.join(RECIPES)}")
-    return cls(config, name, bool(config.mirrors.ca_bundle) if ca_bundle is None else ca_bundle)
+def recipe(config: StackConfig, name: str, ca_bundle: bool) -> Recipe:
+    """The recipe object for engine ``name`` of this stack (``images/<name>.yaml``'s ``recipe:``, which the catalog
+    holds to the names of RECIPES)."""
+    return RECIPES[catalog.get(name).recipe](config, name, ca_bundle)
 
 
 def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
@@ -351,4 +347,4 @@ def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
 
 def render_files(config: StackConfig, name: str) -> dict[str, str | Path]:
     """Relative path -> text (or a host file to copy) for ``images/<engine>/``."""
-    return recipe(config, name).files()
+    return recipe(config, name, bool(config.mirrors.ca_bundle)).files()

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kit import catalog, render
-from tests.conftest import GOLDEN, nccl_versions, stages
+from kit import catalog, dockerfile, render
+from kit import config as cfg
+from kit.errors import KitError
+from tests.conftest import GOLDEN, make_config, nccl_versions, stages
 from tests.golden_cases import CASES, render_case
 
 
@@ -224,3 +226,17 @@ def test_the_default_route_compiles_the_recipe_ci_compiles():
     assert stages(default)["gpu-backend"].splitlines() == backend
     runtime = stages(offline)["runtime"].replace('io.kit.cuda="12.4.1"', 'io.kit.cuda="12.9.1"')
     assert stages(default)["runtime"] == runtime
+
+
+def test_every_configured_arch_is_in_the_label():
+    config = make_config({"preset": "dual-v100-nvlink", "hardware": {"archs": [70, 80]},
+                          "cuda": {"version": "12.6.3"}})
+    assert dockerfile.recipe(config, "llama.cpp", False).labels()["io.kit.archs"] == "70,80"
+
+
+def test_a_direct_caller_with_a_cuda_debian_does_not_package_gets_the_rules_line():
+    config = cfg.from_dict({"cuda": {"source": "debian", "version": "12.9.1"}, "nccl": {"source": "pip"}})  # no rules
+    with pytest.raises(KitError) as err:
+        dockerfile.base_images(config, "llama.cpp", True)
+    assert err.value.line() == ("cuda.version: no Debian release packages CUDA 12.9.1; Debian has 11.8 (bookworm), "
+                                "12.4 (trixie); set cuda.version to one of those with cuda.source: debian")

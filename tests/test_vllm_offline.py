@@ -36,11 +36,14 @@ def test_torch_from_the_pip_index_and_sources_from_folders(tmp_path):
             "COPY src/ /src/\n") in text
     # the folders arrive before the compile, in the builder stage (the toolchain's torch layers stay cached)
     assert text.index("FROM toolchain AS builder") < text.index("COPY deps/")
+    # NCCL from the pinned wheel: vLLM loads the library this names, not the first one the loader finds
+    assert "ENV VLLM_NCCL_SO_PATH=/opt/kit/nccl/nvidia/nccl/lib/libnccl.so.2\n" in text
 
 
 def test_the_default_route_keeps_the_pytorch_index_and_fetches():
     text = dockerfile.render_files(make_config({**OFFLINE, "cuda": {}, "nccl": {}}), "vllm")["Dockerfile"]
     assert '--index-url https://download.pytorch.org/whl/cu126' in text
+    assert "ENV VLLM_NCCL_SO_PATH=/usr/lib/x86_64-linux-gnu/libnccl.so.2\n" in text  # apt's libnccl2
     assert "deps/" not in text and "SRC_DIR" not in text
 
 
@@ -57,8 +60,8 @@ def test_the_offline_dockerfile_passes_hadolint(tmp_path):
 def test_a_name_the_build_does_not_fetch_is_refused(tmp_path):
     with pytest.raises(KitError) as err:
         dockerfile.render_files(offline(tmp_path, local_sources={"cutlas": "/srv/cutlass"}), "vllm")
-    assert err.value.field == "engines.vllm.local_sources.cutlas"
-    assert err.value.fix == "use one of cutlass, flash_attn, flash_mla"
+    assert err.value.line() == ("engines.vllm.local_sources.cutlas: is not a source this engine's build fetches; "
+                                "use one of cutlass, flash_attn, flash_mla")
     with pytest.raises(KitError) as err:
         make_config({"engines": {"llama.cpp": {"local_sources": {"x": "/y"}}}})
     assert err.value.field == "engines.llama.cpp.local_sources"  # llama.cpp's build fetches nothing: no such setting
