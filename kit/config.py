@@ -257,7 +257,7 @@ def _to_kit_error(exc: ValidationError) -> KitError:
     literal = [e for e in exc.errors() if e["type"] == "literal_error" and e["loc"][: len(err["loc"]) - 1] == err["loc"][:-1]]
     if literal:
         expected = literal[0]["ctx"]["expected"]
-        numeric = err["type"] in ("int_parsing", "float_parsing", "int_type", "float_type")
+        numeric = err["type"] in ("int_parsing", "float_parsing", "int_type", "float_type", "int_from_float")
         fix = f"use a number or {expected}" if numeric else f"use one of {expected}"
         return KitError(field, f"{literal[0].get('input')!r} is not allowed", fix)
     message = str(err["msg"]).removeprefix("Value error, ")
@@ -286,8 +286,6 @@ def _check_engines(config: StackConfig) -> None:
     for name, overrides in config.engines.items():
         if name not in known:
             raise KitError(f"engines.{name}", "unknown engine", did_you_mean(name, known))
-        if not isinstance(overrides, dict):
-            raise KitError(f"engines.{name}", "must be a mapping of settings", "see `kit engines --settings`")
         defaults = known[name].settings
         for key, value in list(overrides.items()):
             if key not in defaults:
