@@ -71,6 +71,39 @@ def test_summary_statistics_are_exact():
     # total: 10 ok x 11 tokens / 5 s wall = 22 tok/s; 10 / 5 = 2 req/s
     assert summary.output_tps == pytest.approx(22.0) and summary.req_per_s == pytest.approx(2.0)
     assert summary.errors == ["HTTP 500: boom"]
+    assert summary.scenario == "short" and summary.concurrency == 2 and summary.wall_s == 5.0
+    assert summary.tokens_from == "usage" and summary.server_decode_tps is None and summary.prompt_processed is None
+    # population standard deviation of 0.1 .. 1.0: sqrt(mean of squares - mean^2) = sqrt(0.385 - 0.3025) = 0.2872
+    assert summary.ttft["std"] == pytest.approx(0.28723, abs=1e-5)
+    # E2EL 1.1 .. 2.0: median (1.5 + 1.6) / 2
+    assert summary.e2el["median"] == pytest.approx(1.55)
+
+
+def test_summary_of_what_the_server_says_and_mixed_token_counts():
+    """llama-server's own timings (predicted_per_second, prompt_n) are summarized beside the client's figures; a
+    sample without them counts its usage prompt tokens; a run where some counts came from chunks says "mixed"."""
+    a = benchclient.Sample("long", 4, ok=True, ttft=0.5, e2el=1.5, output_tokens=11, tokens_from="usage",
+                           prompt_tokens=100, server_timings={"predicted_per_second": 20.0, "prompt_n": 1000})
+    b = benchclient.Sample("long", 4, ok=True, ttft=0.5, e2el=1.5, output_tokens=11, tokens_from="chunks",
+                           prompt_tokens=700, server_timings={"predicted_per_second": 30.0})
+    c = benchclient.Sample("long", 4, ok=True, ttft=0.5, e2el=1.5, output_tokens=11, tokens_from="usage",
+                           prompt_tokens=800)
+    d = benchclient.Sample("long", 4, ok=False, error="timeout after 300s", prompt_tokens=5,
+                           server_timings={"predicted_per_second": 99.0, "prompt_n": 5})
+    summary = benchstats.summarize([a, b, c, d], wall_s=2.0)
+    assert summary.scenario == "long" and summary.concurrency == 4
+    assert summary.server_decode_tps == pytest.approx(25.0)  # mean of 20 and 30; c has none, d failed
+    # prompt tokens processed: a's timings (1000, not its usage 100), b's usage (700, no prompt_n), c's usage (800):
+    # median 800
+    assert summary.prompt_processed == 800
+    assert summary.tokens_from == "mixed"
+    only_chunks = benchstats.summarize([b], wall_s=1.0)
+    assert only_chunks.tokens_from == "chunks"
+    # no wall time (nothing finished): rates are 0, not a division error; at most 5 distinct errors are kept
+    failed = [benchclient.Sample("long", 4, ok=False, error=f"HTTP 50{i}") for i in range(7)]
+    empty = benchstats.summarize(failed, wall_s=0.0)
+    assert (empty.output_tps, empty.req_per_s) == (0.0, 0.0)
+    assert empty.errors == ["HTTP 500", "HTTP 501", "HTTP 502", "HTTP 503", "HTTP 504"]
 
 
 def test_stream_cut_before_done_is_a_failure():
