@@ -519,7 +519,7 @@ def plan(
         if as_json:
             print(jsonlib.dumps({"fits": together.fits, "plans": [p.as_dict() for p in together.plans]}, indent=2))
         else:
-            _print_plan(planreport.stack(together, config), lines=False)
+            _print_plan(planreport.stack(together))
         if not together.fits:
             raise CheckFailed(f"the stack does not fit together: {together.fix(config)}")
         return
@@ -537,7 +537,7 @@ def plan(
         raise CheckFailed(f"does not fit at ctx {result.ctx}: {result.fix}")
 
 
-def _print_plan(report: PlanReport, lines: bool = True) -> None:
+def _print_plan(report: PlanReport) -> None:
     """A plan report as a table (the fits column in colour), then its lines; a CPU stack has no GPU rows."""
     if report.rows:
         table = Table(*report.header, title=report.title)
@@ -546,7 +546,7 @@ def _print_plan(report: PlanReport, lines: bool = True) -> None:
         out.print(table)
     else:
         _echo(report.title)
-    for line in report.lines if lines else []:
+    for line in report.lines:
         out.print(line, markup=False)
     for warning in report.warnings:
         _echo(f"warning: {warning}")

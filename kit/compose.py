@@ -152,14 +152,12 @@ def front_door_image_files(config: StackConfig) -> dict[str, str | Path]:
 
 
 def files(config: StackConfig, out_dir: Path | None = None) -> dict[str, str | Path]:
-    """compose.yaml, .env and the front door's files, for the renderer."""
+    """compose.yaml, .env and the front door's nginx.conf, for the renderer (its image: render.image_files)."""
     existing = read_env(out_dir / ".env") if out_dir else {}
     result: dict[str, str | Path] = {"compose.yaml": compose_yaml(config), ".env": env_text(config, existing)}
     conf = nginx_conf(config)
     if conf:
         result["front-door/nginx.conf"] = conf
-        for rel, content in front_door_image_files(config).items():
-            result[f"images/front-door/{rel}"] = content
     return result
 
 

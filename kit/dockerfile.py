@@ -142,14 +142,17 @@ class Recipe:
         return flags
 
     @cached_property
-    def build_flags(self) -> dict[str, str]:
-        """The core's flags. "{ref}" in a catalog value is the pinned ref (llama.cpp's LLAMA_BUILD_COMMIT: a source
-        tree without .git would otherwise report "commit unknown" in --version)."""
+    def flavor_flags(self) -> dict[str, str]:
+        """The engine's build flags with the flavor's over them. "{ref}" in a catalog value is the pinned ref
+        (llama.cpp's LLAMA_BUILD_COMMIT: a source tree without .git would otherwise report "commit unknown")."""
         flags = {k: v.replace("{ref}", self.ref) for k, v in self.engine.build.cmake.items()}
         flags.update(self.flavor.cmake)
-        if not self.backend:
-            flags.update(self.gpu_flags)
         return flags
+
+    @cached_property
+    def build_flags(self) -> dict[str, str]:
+        """The core's flags: the flavor's, and the GPU's too unless a backend stage compiles the GPU code apart."""
+        return self.flavor_flags if self.backend else {**self.flavor_flags, **self.gpu_flags}
 
     @cached_property
     def backend(self) -> dict[str, Any] | None:
@@ -157,8 +160,7 @@ class Recipe:
         kept, so the core (compiled without CUDA) stays identical to every other flavor's."""
         if not (self.flavor.backend and self.gpu):
             return None
-        core = {k: v.replace("{ref}", self.ref) for k, v in self.engine.build.cmake.items()}
-        flags = {**core, **self.flavor.cmake, **self.flavor.backend.cmake, **self.gpu_flags}
+        flags = {**self.flavor_flags, **self.flavor.backend.cmake, **self.gpu_flags}
         return {"target": self.flavor.backend.target, "files": self.flavor.backend.files,
                 "cmake_flags": sorted(flags.items())}
 

@@ -103,7 +103,7 @@ def _engine_pod(config: StackConfig, service: Service) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [
         {"name": "models", "hostPath": {"path": compose.host_model_dir(config), "type": "Directory"}}]
     pod: dict[str, Any] = {"containers": [container], "volumes": volumes}
-    if "resources" in container:
+    if resolve.gpu(config, service.engine or ""):
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
         pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": PRODUCT_LABEL, "operator": "In",
@@ -128,7 +128,7 @@ def _front_door_pod(config: StackConfig, service: Service) -> dict[str, Any]:
 
 def deployment(config: StackConfig, service: Service) -> dict[str, Any]:
     pod = _engine_pod(config, service) if service.engine else _front_door_pod(config, service)
-    gpu = any("resources" in c for c in pod["containers"])
+    gpu = service.engine is not None and resolve.gpu(config, service.engine)
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": service.name, "labels": _labels(config, service)},
@@ -179,7 +179,8 @@ def notes(config: StackConfig) -> list[str]:
         out.append(f"k8s: {names} each ask for {config.hardware.gpus} {GPU_RESOURCE}: pods share no GPU unless the "
                    f"NVIDIA device plugin time-slices, so the node needs {len(gpu_services) * config.hardware.gpus} "
                    "GPUs (compose shares the same GPUs), or leave stack.fallback out")
-    if "." not in config.build.registry.split("/")[0] and ":" not in config.build.registry.split("/")[0]:
+    host = config.build.registry.split("/")[0]  # a registry host has a dot or a port; "kit" or "team" is a name
+    if "." not in host and ":" not in host:
         out.append(f"k8s: the images are named {config.build.registry}/...; nodes pull them from a registry: set "
                    "build.registry to one they reach and run `kit build --push`, or load the images on every node")
     return out

@@ -331,12 +331,7 @@ class StackPlan:
     total: int
 
     def used(self, index: int) -> int:
-        return sum(self.reserved(p, index) for p in self.plans)
-
-    @staticmethod
-    def reserved(p: Plan, index: int) -> int:
-        """What ``p`` takes of GPU ``index`` (nothing on a GPU it does not use)."""
-        return _reserved(p, index)
+        return sum(reserved(p, index) for p in self.plans)
 
     @property
     def gpu_count(self) -> int:
@@ -348,7 +343,7 @@ class StackPlan:
 
     def fix(self, config: StackConfig) -> str:
         """Lower a tensor-parallel engine's reservation so both fit, or say one of them must go."""
-        others = {p.engine: max(_reserved(p, i) for i in range(len(p.gpus))) for p in self.plans}
+        others = {p.engine: max(reserved(p, i) for i in range(len(p.gpus))) for p in self.plans}
         for p in self.plans:
             if p.kv_tokens is None:
                 continue
@@ -360,7 +355,8 @@ class StackPlan:
         return "the two engines do not fit together: drop stack.fallback, or give each engine its own GPUs"
 
 
-def _reserved(p: Plan, index: int) -> int:
+def reserved(p: Plan, index: int) -> int:
+    """What ``p`` takes of GPU ``index`` (nothing on a GPU it does not use)."""
     if index >= len(p.gpus):
         return 0
     return p.gpus[index].used

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.config import StackConfig
 from kit.modelinfo import ModelInfo
-from kit.plan import GIB, Plan, StackPlan
+from kit.plan import GIB, Plan, StackPlan, reserved
 from kit.resolve import trained_length_note
 
 
@@ -50,12 +49,12 @@ def single(result: Plan, info: ModelInfo, name: str) -> Report:
                   rows, lines, warnings)
 
 
-def stack(together: StackPlan, config: StackConfig) -> Report:
+def stack(together: StackPlan) -> Report:
+    """Per GPU, what each engine takes and the sum; whether it fits is the caller's to say (with the fix)."""
     rows = []
     for i in range(together.gpu_count):
         used = together.used(i)
-        rows.append([str(i), *[_gib(together.reserved(p, i)) for p in together.plans], _gib(used),
+        rows.append([str(i), *[_gib(reserved(p, i)) for p in together.plans], _gib(used),
                      _gib(together.total, 1), _yes(used <= together.total)])
-    lines = [] if together.fits else [f"the stack does not fit together: {together.fix(config)}"]
     return Report("the stack on shared GPUs",
-                  ["GPU", *[f"{p.engine} (GiB)" for p in together.plans], "together", "of", "fits"], rows, lines)
+                  ["GPU", *[f"{p.engine} (GiB)" for p in together.plans], "together", "of", "fits"], rows)

@@ -23,10 +23,16 @@ TARGETS = ("compose", "k8s")
 
 
 def image_files(config: StackConfig) -> Files:
+    """``images/``: every image the stack builds, the engines' and the front door's, whichever target runs them."""
+    from kit import compose
+
     files: Files = {}
     for name in config.engine_names():
         for rel, content in dockerfile.render_files(config, name).items():
             files[f"images/{name}/{rel}"] = content
+    if compose.nginx_conf(config):
+        for rel, content in compose.front_door_image_files(config).items():
+            files[f"images/front-door/{rel}"] = content
     return files
 
 
@@ -46,9 +52,6 @@ def collect(config: StackConfig, out_dir: Path | None = None, target: str = "com
         existing = {**compose.read_env(out_dir / "k8s" / k8s.API_KEY_FILE), **compose.read_env(out_dir / ".env")} \
             if out_dir else {}
         files.update(k8s.files(config, compose.api_key(existing)))
-        if compose.nginx_conf(config):
-            for rel, content in compose.front_door_image_files(config).items():
-                files[f"images/front-door/{rel}"] = content
         return files
     files.update(compose.files(config, out_dir))
     from kit.panel import export

@@ -455,4 +455,4 @@ def test_plan_report_rows_are_the_plans_figures_in_gib(tmp_path):
     # two engines on one 16 GiB GPU: 8 + 8 = 16.00 fits (<=), one byte more does not
     other = plan.Plan(**{**made.__dict__, "engine": "ninfer", "gpus": [GpuPlan(**gpu.__dict__)]})
     together = StackPlan([made, other], 16 * gib)
-    assert planreport.stack(together, None).rows == [["0", "8.00", "8.00", "16.00", "16.0", "yes"]]
+    assert planreport.stack(together).rows == [["0", "8.00", "8.00", "16.00", "16.0", "yes"]]
