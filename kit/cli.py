@@ -245,14 +245,22 @@ def status(config_path: Optional[Path] = ConfigOpt) -> None:
     """The stack's containers and their health."""
     from kit import deploy as deployer
 
+    config = None
     if config_path is None and not DEFAULT_CONFIG.is_file():
         rows = deployer.status(None)  # no config here: every stack kit deployed on this host, by its labels
     else:
-        rows = deployer.status(_config(config_path))
-    table = Table("stack", "service", "role", "state", "container", "image")
+        config = _config(config_path)
+        rows = deployer.status(config)
+    table = Table("host", "stack", "service", "role", "state", "container", "image")
     for r in rows:
-        table.add_row(r["stack"], r["service"], r["role"], r["state"], r["container"], r["image"])
+        table.add_row(r["host"], r["stack"], r["service"], r["role"], r["state"], r["container"], r["image"])
     out.print(table if rows else "no containers (run `kit deploy`)")
+    view = deployer.front_door_view(config) if config is not None and rows else []
+    if view:
+        seen = Table("upstream", "host", "backup", "state", title="the front door's view")
+        for r in view:
+            seen.add_row(r["upstream"], r["host"], r["backup"], r["state"])
+        out.print(seen)
 
 
 @app.command()

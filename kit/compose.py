@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,14 @@ API_KEY_VAR = "KIT_API_KEY"
 MODEL_DIR_VAR = "KIT_MODEL_DIR"
 
 
-def _ports(config: StackConfig, service: Service) -> list[str]:
-    bind = "" if config.serve.expose else "127.0.0.1:"
+def _ports(config: StackConfig, service: Service, address: str = "") -> list[str]:
+    """Published on 127.0.0.1, on every interface with ``serve.expose``, or (a replica host's engine) on the
+    address the front door dials."""
+    bind = f"{address}:" if address else "" if config.serve.expose else "127.0.0.1:"
     return [f"{bind}{service.host_port}:{service.container_port}"]
 
 
-def engine_service(config: StackConfig, service: Service) -> dict[str, Any]:
+def engine_service(config: StackConfig, service: Service, address: str = "") -> dict[str, Any]:
     name = service.engine or ""
     engine = catalog.get(name)
     env = engine_env(config, name, f"${{{API_KEY_VAR}}}" if config.serve.api_key else None)
@@ -40,7 +43,7 @@ def engine_service(config: StackConfig, service: Service) -> dict[str, Any]:
         "entrypoint": list(engine.entrypoint),
         "command": serving.command(config, name),
         "environment": env,
-        "ports": _ports(config, service),
+        "ports": _ports(config, service, address),
         "volumes": [f"${{{MODEL_DIR_VAR}}}:{serving.MODEL_MOUNT}:ro"],
         "ipc": "host",
         "healthcheck": healthcheck(config, name),
@@ -72,13 +75,14 @@ def front_door_service(config: StackConfig, service: Service, engines: list[Serv
     }
 
 
-def compose_dict(config: StackConfig) -> dict[str, Any]:
+def compose_dict(config: StackConfig, address: str = "") -> dict[str, Any]:
+    """The stack's compose file; ``address``: a replica host's, where its engine publishes."""
     all_services = services(config)
     engines = [s for s in all_services if s.engine]
     body: dict[str, Any] = {}
     for service in all_services:
         if service.engine:
-            body[service.name] = engine_service(config, service)
+            body[service.name] = engine_service(config, service, address)
         else:
             body[service.name] = front_door_service(config, service, engines)
     return {"name": config.stack.name, "services": body}
@@ -90,8 +94,8 @@ HEADER = (
 )
 
 
-def compose_yaml(config: StackConfig) -> str:
-    text = yaml.safe_dump(compose_dict(config), sort_keys=False, default_flow_style=False, width=1000,
+def compose_yaml(config: StackConfig, address: str = "") -> str:
+    text = yaml.safe_dump(compose_dict(config, address), sort_keys=False, default_flow_style=False, width=1000,
                           allow_unicode=True)
     return HEADER.format(version=__version__) + text
 
@@ -126,14 +130,39 @@ def read_env(path: Path) -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True)
+class Upstream:
+    """One server line of the front door's upstream."""
+
+    address: str  # as nginx dials it: a compose service on this host, or a replica host's IP and published port
+    backup: bool
+    note: str  # which host, for a replica
+
+
+def upstreams(config: StackConfig) -> list[Upstream]:
+    """The primary here, each replica host's primary, the fallback as backup: what the front door chooses from."""
+    from kit import hosts
+
+    by_role = {s.role: s for s in services(config)}
+    primary = by_role["primary"]
+    found = [Upstream(f"{primary.name}:{primary.container_port}", False, "")]
+    for target in hosts.replicas(config):
+        served = services(hosts.host_config(config, target))[0]
+        found.append(Upstream(f"{target.address}:{served.host_port}", False, f"host {target.name}"))
+    if "fallback" in by_role:
+        fallback = by_role["fallback"]
+        found.append(Upstream(f"{fallback.name}:{fallback.container_port}", True, ""))
+    return found
+
+
 def nginx_conf(config: StackConfig) -> str | None:
     all_services = services(config)
     if not any(s.role == FRONT_DOOR for s in all_services):
         return None
-    by_role = {s.role: s for s in all_services}
+    front = next(s for s in all_services if s.role == FRONT_DOOR)
     return templating.render("front-door/nginx.conf.j2", {
-        "kit_version": __version__, "primary": by_role["primary"], "fallback": by_role["fallback"],
-        "port": by_role[FRONT_DOOR].container_port,
+        "kit_version": __version__, "upstreams": upstreams(config), "balanced": len(config.hosts) > 1,
+        "port": front.container_port,
     })
 
 
@@ -154,10 +183,25 @@ def front_door_image_files(config: StackConfig) -> dict[str, str | Path]:
 def files(config: StackConfig, out_dir: Path | None = None) -> dict[str, str | Path]:
     """compose.yaml, .env and the front door's nginx.conf, for the renderer (its image: render.image_files)."""
     existing = read_env(out_dir / ".env") if out_dir else {}
+    existing = {**existing, API_KEY_VAR: api_key(existing)}  # one key for every host's .env
     result: dict[str, str | Path] = {"compose.yaml": compose_yaml(config), ".env": env_text(config, existing)}
     conf = nginx_conf(config)
     if conf:
         result["front-door/nginx.conf"] = conf
+    result.update(replica_files(config, existing))
+    return result
+
+
+def replica_files(config: StackConfig, existing: dict[str, str]) -> dict[str, str | Path]:
+    """``hosts/<name>/``: each replica host's compose.yaml and .env (the same API key and model path)."""
+    from kit import hosts
+
+    result: dict[str, str | Path] = {}
+    for target in hosts.replicas(config):
+        replica = hosts.host_config(config, target)
+        result[f"{hosts.folder(target)}/compose.yaml"] = compose_yaml(replica, target.address)
+        result[f"{hosts.folder(target)}/.env"] = env_text(replica, existing)
+        result[f"{hosts.folder(target)}/{hosts.ENV_FILE}"] = hosts.env_text(target)
     return result
 
 

@@ -10,7 +10,9 @@ Facts live once: the NCCL version is ``nccl.version`` and nothing else; both Doc
 from __future__ import annotations
 
 import copy
+import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,7 +42,8 @@ class Stack(Section):
     fallback: str | None = Field(
         None, description="A second engine that answers when the primary is down (may be a second copy of the primary)."
     )
-    front_door: bool = Field(False, description="Put an nginx proxy in front: primary first, fallback as backup.")
+    front_door: bool = Field(False, description="Put an nginx proxy in front: primary first, fallback as backup "
+                             "(always there with several hosts: it balances over their engines).")
 
 
 class Hardware(Section):
@@ -136,6 +139,53 @@ class Serve(Section):
     )
 
 
+class Host(Section):
+    """One box with a Docker daemon. The first host runs the stack as configured, and the front door; every further
+    host runs a replica of the primary that the front door balances onto."""
+
+    name: str = Field(..., description="A short name (a-z, 0-9, -): status rows, out/hosts/<name>/.")
+    docker: str = Field("", description="The host's Docker endpoint: ssh://user@host[:port] (your ssh config and "
+                        "keys), tcp://host:2376 (with tls), unix:///path, or a Docker context name; empty = this "
+                        "machine's (DOCKER_HOST, else the default socket).")
+    address: str = Field("", description="The IP the front door reaches this host's engine on (its engine publishes "
+                         "there, with the API key); empty = the IP of an ssh:// or tcp:// endpoint.")
+    tls: str = Field("", description="Folder with ca.pem, cert.pem and key.pem for a tcp:// endpoint "
+                     "(DOCKER_CERT_PATH).")
+    hardware: Hardware | None = Field(None, description="This host's hardware where it differs from `hardware:` "
+                                      "(gpus, device_ids, gpu_model, ...); archs must stay the stack's: one image.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,31}", value):
+            raise ValueError(f"{value!r} is not a host name kit can use; write lower-case letters, digits and '-', "
+                             "like box2")
+        return value
+
+    @field_validator("docker")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        scheme = value.partition("://")[0] if "://" in value else ""
+        if scheme and scheme not in ENDPOINT_SCHEMES:
+            raise ValueError(f"{value!r} is not a Docker endpoint; write ssh://user@host, tcp://host:2376, "
+                             "unix:///path or a Docker context name")
+        return value
+
+    @field_validator("address")
+    @classmethod
+    def _ip(cls, value: str) -> str:
+        if value:
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not an IP address; the engine publishes its port on it, so write "
+                                 "the host's IP, e.g. 192.168.1.12") from None
+        return value
+
+
+ENDPOINT_SCHEMES = ("ssh", "tcp", "unix")
+
+
 class StackConfig(Section):
     preset: str | None = Field(None, description="Preset this file starts from (`kit init --preset`).")
     stack: Stack = Field(default_factory=Stack)
@@ -149,6 +199,10 @@ class StackConfig(Section):
     serve: Serve = Field(default_factory=Serve)
     engines: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Per-engine settings over the catalog defaults (`kit engines`)."
+    )
+    hosts: list[Host] = Field(
+        default_factory=list, description="The boxes the stack runs on; empty = this machine only. The first runs "
+        "the stack and the front door, every further one a replica of the primary (`kit deploy` copies the images)."
     )
     # kit.resolve's per-engine results: a config is read once, so what it resolves to is computed once
     _resolved: dict[str, Any] = PrivateAttr(default_factory=dict)
@@ -221,6 +275,7 @@ def from_dict(raw: dict[str, Any], origin: str = "kit.yaml") -> StackConfig:
     except ValidationError as exc:
         raise _to_kit_error(exc) from None
     _check_engines(config)
+    _check_hosts(config)
     return config
 
 
@@ -248,8 +303,9 @@ _UNION_TAGS = {"int", "float", "str", "bool", "list", "dict"}
 
 def _to_kit_error(exc: ValidationError) -> KitError:
     err = exc.errors()[0]
-    loc = [str(p) for p in err["loc"] if str(p) not in _UNION_TAGS and "[" not in str(p)]
-    field = ".".join(loc)
+    parts = [p for p in err["loc"] if str(p) not in _UNION_TAGS and "[" not in str(p)]
+    loc = [str(p) for p in parts if not isinstance(p, int)]
+    field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
     if err["type"] == "extra_forbidden":
         parent = _model_at(loc[:-1])
         valid = list(parent.model_fields) if parent else []
@@ -271,10 +327,20 @@ def _model_at(loc: list[str]) -> type[BaseModel] | None:
     model: type[BaseModel] = StackConfig
     for part in loc:
         field = model.model_fields.get(part)
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+        inner = _section_of(field.annotation) if field else None
+        if inner is None:
             return None
-        model = field.annotation
+        model = inner
     return model
+
+
+def _section_of(annotation: Any) -> type[BaseModel] | None:
+    """The section a field holds: ``Hardware``, or the item of ``list[Host]``, or the ``Hardware`` of
+    ``Hardware | None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    found = [a for a in getattr(annotation, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return found[0] if len(found) == 1 else None
 
 
 def _check_engines(config: StackConfig) -> None:
@@ -294,6 +360,46 @@ def _check_engines(config: StackConfig) -> None:
                 # YAML reads an unquoted on/off as a boolean: for an on/off/auto setting it means on/off
                 overrides[key] = value = "on" if value else "off"
             _check_type(f"engines.{name}.{key}", value, defaults[key])
+
+
+def _check_hosts(config: StackConfig) -> None:
+    """Hosts by name once; every replica reachable at an IP; one image for all (the same archs)."""
+    seen: set[str] = set()
+    if config.hosts and config.hosts[0].docker:
+        raise KitError("hosts[0].docker", "the first host is this machine: it runs the front door, and kit checks "
+                       "its model, ports and images here", "list this machine first, with no docker endpoint")
+    for i, host in enumerate(config.hosts):
+        if host.name in seen:
+            raise KitError(f"hosts[{i}].name", f"{host.name!r} is named twice", "give every host its own name")
+        seen.add(host.name)
+        if i and not replica_address(host):
+            raise KitError(f"hosts[{i}].address", f"the front door cannot tell where {host.name}'s engine is",
+                           "write the host's IP, e.g. address: 192.168.1.12")
+        if host.hardware and "archs" in host.hardware.model_fields_set \
+                and host.hardware.archs != config.hardware.archs:
+            raise KitError(f"hosts[{i}].hardware.archs", "every host runs the same image",
+                           f"list every host's arch in hardware.archs (now {config.hardware.archs}) and drop this one")
+        if host.tls and not host.docker.startswith("tcp://"):
+            raise KitError(f"hosts[{i}].tls", "TLS material is for a tcp:// endpoint",
+                           "drop tls, or write docker: tcp://HOST:2376")
+
+
+def replica_address(host: Host) -> str:
+    """Where a replica's engine publishes and the front door dials: ``address``, else the endpoint's host when it is
+    an IP (ssh://kit@192.168.1.12 -> 192.168.1.12), else nothing (a name the front door's container may not
+    resolve)."""
+    if host.address:
+        return host.address
+    from urllib.parse import urlsplit
+
+    if "://" not in host.docker:
+        return ""
+    name = urlsplit(host.docker).hostname or ""
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return ""
+    return name
 
 
 # the values of on/off/auto settings (llama.cpp --flash-attn): YAML turns unquoted on/off into true/false

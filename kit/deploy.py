@@ -7,6 +7,7 @@ the model folder, and removes volumes only when asked.
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
 import time
@@ -16,22 +17,26 @@ from typing import Any
 
 import requests
 
-from kit import compose, dockerhost, logscan, render
+from kit import compose, dockerhost, hosts, imagecopy, logscan, render
 from kit.config import StackConfig
 from kit.errors import CheckFailed, KitError
-from kit.services import services, endpoint
+from kit.services import FRONT_DOOR, endpoint, services
 
 
-def _compose(out: Path, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
+def _compose(out: Path, *args: str, check: bool = True, capture: bool = True,
+             target: hosts.Target | None = None) -> subprocess.CompletedProcess[str]:
+    """``docker compose`` on the stack rendered in ``out``; ``target``: a replica host's, through its endpoint."""
     out = out.resolve()
     if not (out / "compose.yaml").is_file():
         raise KitError("--output", f"{out} has no compose.yaml", "run `kit deploy` (or `kit render`) first")
     cmd = [*dockerhost.compose_cmd(), "-f", str(out / "compose.yaml"), "--env-file", str(out / ".env"), *args]
-    result = subprocess.run(cmd, capture_output=capture, text=True, cwd=out)
+    env = {**os.environ, **target.env()} if target else None
+    result = subprocess.run(cmd, capture_output=capture, text=True, cwd=out, env=env)
     if check and result.returncode != 0:
         stderr = (result.stderr or "").strip()
         named = "".join(f"\n{f.name}: {f.advice}" for f in logscan.scan(stderr))
-        raise CheckFailed(f"`docker compose {' '.join(args)}` failed:\n{stderr[-1500:]}{named}")
+        where = f" on {target.describe()}" if target else ""
+        raise CheckFailed(f"`docker compose {' '.join(args)}`{where} failed:\n{stderr[-1500:]}{named}")
     return result
 
 
@@ -47,8 +52,10 @@ def require_images(config: StackConfig) -> None:
                            "run `kit build` with the same config first") from None
 
 
-def containers(config: StackConfig) -> list[Any]:
-    return dockerhost.client().containers.list(all=True, filters={"label": f"com.docker.compose.project={config.stack.name}"})
+def containers(config: StackConfig, client: Any = None) -> list[Any]:
+    """The stack's containers on this machine, or on the host ``client`` reaches."""
+    return (client or dockerhost.client()).containers.list(
+        all=True, filters={"label": f"com.docker.compose.project={config.stack.name}"})
 
 
 def health(container: Any) -> str:
@@ -60,14 +67,14 @@ def health(container: Any) -> str:
 
 
 def wait_healthy(config: StackConfig, timeout_s: float, echo: Callable[[str], None],
-                 fail_on_restart: bool = False) -> None:
+                 fail_on_restart: bool = False, client: Any = None) -> None:
     """Until every service is healthy. ``fail_on_restart``: a container restarting counts as stopped (kit tune: the
     engine crashed at start on a trial's settings, and waiting out the timeout would only repeat the crash)."""
     start = time.monotonic()
     deadline = start + timeout_s
     last = ""
     while True:
-        states = {c.labels.get("com.docker.compose.service", c.name): health(c) for c in containers(config)}
+        states = {c.labels.get("com.docker.compose.service", c.name): health(c) for c in containers(config, client)}
         line = ", ".join(f"{k}: {v}" for k, v in sorted(states.items()))
         if line != last:
             echo(f"[{time.monotonic() - start:5.0f}s] {line}")
@@ -153,13 +160,13 @@ def _port_holder(port: int) -> str:
     return " by another process"
 
 
-def require_gpus(config: StackConfig) -> None:
+def require_gpus(config: StackConfig, client: Any = None, where: str = "this Docker") -> None:
     """A GPU flavor needs Docker to hand out NVIDIA GPUs; else compose fails late with a driver error."""
     from kit import doctor, resolve
 
     gpu = [n for n in config.engine_names() if resolve.engine(config, n).gpu]
-    if gpu and not doctor.gpu_runtime(dockerhost.client().info()):
-        raise KitError("hardware.gpus", f"{', '.join(gpu)} runs on GPUs, but this Docker has no NVIDIA runtime, "
+    if gpu and not doctor.gpu_runtime((client or dockerhost.client()).info()):
+        raise KitError("hardware.gpus", f"{', '.join(gpu)} runs on GPUs, but {where} has no NVIDIA runtime, "
                        "hook or CDI spec", "install nvidia-container-toolkit and run `nvidia-ctk runtime configure` "
                        "(`kit doctor` checks it), or use the cpu preset")
 
@@ -172,35 +179,95 @@ def preflight(config: StackConfig) -> None:
     require_ports(config)
 
 
+def require_replica_model(config: StackConfig, target: hosts.Target, client: Any) -> None:
+    """The model is readable at the same path on a replica host, as the engine's user: asked of that host's Docker
+    with a throwaway container of the engine's image (its files are not on this machine)."""
+    from docker.errors import ContainerError
+
+    from kit import resolve, serving
+
+    name = config.stack.primary
+    path = resolve.host_model_path(config, name)
+    inside = f"{serving.MODEL_MOUNT}/{resolve.engine(config, name).model_file}"
+    try:
+        client.containers.run(services(config)[0].image, ["-r", inside], entrypoint=["test"], remove=True,
+                              volumes={compose.host_model_dir(config): {"bind": serving.MODEL_MOUNT, "mode": "ro"}})
+    except ContainerError:
+        raise KitError(resolve.model_field(config, name), f"{path} is not readable on {target.describe()}",
+                       "put the model at the same path on every host (the engine runs as uid 10001)") from None
+
+
+def deploy_replica(config: StackConfig, target: hosts.Target, out: Path, timeout_s: float,
+                   echo: Callable[[str], None]) -> None:
+    """One replica host: its images (copied when it lacks them and there is no registry), its model, its GPUs,
+    then ``compose up`` through its endpoint, until healthy."""
+    replica = hosts.host_config(config, target)
+    client = hosts.client(target)
+    echo(f"host {target.describe()}")
+    if not config.build.push:
+        for tag in imagecopy.missing([s.image for s in services(replica)], client):
+            imagecopy.copy(tag, dockerhost.client(), client, target.name, echo)
+    require_replica_model(replica, target, client)
+    require_gpus(replica, client, f"the Docker of {target.describe()}")
+    _compose(out / hosts.folder(target), "up", "-d", "--remove-orphans", target=target)
+    wait_healthy(replica, timeout_s, lambda line: echo(f"{target.name}: {line}"), client=client)
+
+
 def deploy(config: StackConfig, out: Path, timeout_s: float | None = None,
            echo: Callable[[str], None] = print, fail_on_restart: bool = False) -> str:
+    """Replica hosts first (so the front door starts with its upstreams up), then this stack, then one request."""
     from kit import resolve
 
     preflight(config)
     render.render_stack(config, out)
     for note in resolve.notes(config):
         echo(f"note: {note}")
+    timeout_s = timeout_s or max(120.0, 2.0 * 60 + 20 * resolve.model_size_gib(config))
+    for target in hosts.replicas(config):
+        deploy_replica(config, target, out, timeout_s, echo)
     _compose(out, "up", "-d", "--remove-orphans")
-    wait_healthy(config, timeout_s or max(120.0, 2.0 * 60 + 20 * resolve.model_size_gib(config)), echo,
-                 fail_on_restart)
+    wait_healthy(config, timeout_s, echo, fail_on_restart)
     url = endpoint(config)
     echo(f"smoke: {smoke(url, api_key(out), config.model.name)}")
     return url
 
 
 def status(config: StackConfig | None) -> list[dict[str, str]]:
-    """The stack's containers; with no config, every container kit's labels mark (``io.kit.role``), any stack."""
+    """The stack's containers on every host; with no config, every container kit's labels mark (``io.kit.role``),
+    any stack, on this machine."""
     if config is None:
-        found = dockerhost.client().containers.list(all=True, filters={"label": "io.kit.role"})
+        found = [(hosts.LOCAL, c) for c in
+                 dockerhost.client().containers.list(all=True, filters={"label": "io.kit.role"})]
     else:
-        found = containers(config)
+        found = [(t.name, c) for t in hosts.targets(config)
+                 for c in containers(hosts.host_config(config, t), hosts.client(t))]
     rows = []
-    for c in found:
-        rows.append({"stack": c.labels.get("com.docker.compose.project", ""),
+    for host, c in found:
+        rows.append({"host": host, "stack": c.labels.get("com.docker.compose.project", ""),
                      "service": c.labels.get("com.docker.compose.service", c.name), "container": c.name,
                      "image": c.attrs["Config"]["Image"], "state": health(c),
                      "role": c.labels.get("io.kit.role", "")})
-    return sorted(rows, key=lambda r: (r["stack"], r["service"]))
+    order = {t.name: i for i, t in enumerate(hosts.targets(config))} if config else {}
+    return sorted(rows, key=lambda r: (order.get(r["host"], 0), r["stack"], r["service"]))
+
+
+def front_door_view(config: StackConfig) -> list[dict[str, str]]:
+    """Each upstream as the front door reaches it: its engine's /health asked from inside the front door's container
+    (so a replica the front door cannot route to shows, even when its own host calls it healthy)."""
+    front = [c for c in containers(config) if c.labels.get("io.kit.role") == FRONT_DOOR]
+    if not front or health(front[0]) in ("exited", "dead", "created"):
+        return []
+    rows = []
+    for upstream in compose.upstreams(config):
+        probe = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "3",
+                 f"http://{upstream.address}/health"]
+        code, output = front[0].exec_run(probe)
+        answer = output.decode(errors="replace").strip()
+        state = "healthy" if answer == "200" else "loading" if answer == "503" else \
+            f"unreachable (curl exit {code})" if answer in ("", "000") else f"HTTP {answer}"
+        rows.append({"upstream": upstream.address, "host": upstream.note.removeprefix("host ") or hosts.targets(
+            config)[0].name, "backup": "yes" if upstream.backup else "", "state": state})
+    return rows
 
 
 def logs(out: Path, tail: int = 2000, service: str | None = None) -> str:
@@ -232,13 +299,21 @@ def crash_loops(config: StackConfig) -> list[logscan.Finding]:
 
 
 def down(out: Path, volumes: bool = False, config: StackConfig | None = None) -> None:
-    """Take the stack down from its rendered folder; with only the config (the folder is gone), by its compose
-    project name, which compose finds by its own labels on the containers."""
+    """Take the stack down on every host from its rendered folder (a replica's folder says how to reach it); with
+    only the config (the folder is gone), by its compose project name on each host, which compose finds by its own
+    labels on the containers. Only this stack's containers: other stacks and the models stay."""
     args = ["down", "--remove-orphans"] + (["--volumes"] if volumes else [])
-    if (out / "compose.yaml").is_file() or config is None:
+    rendered = (out / "compose.yaml").is_file()
+    if rendered or config is None:
+        folders = sorted(p.parent for p in (out / "hosts").glob("*/compose.yaml"))
+        for i, folder in enumerate(folders, start=1):
+            _compose(folder, *args, target=hosts.read_target(folder, i))
         _compose(out, *args)
         return
-    cmd = [*dockerhost.compose_cmd(), "-p", config.stack.name, *args]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise CheckFailed(f"`docker compose -p {config.stack.name} down` failed:\n{result.stderr.strip()[-1500:]}")
+    for target in reversed(hosts.targets(config)):
+        cmd = [*dockerhost.compose_cmd(), "-p", config.stack.name, *args]
+        env = {**os.environ, **target.env()}
+        result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            raise CheckFailed(f"`docker compose -p {config.stack.name} down` on {target.describe()} failed:\n"
+                              f"{result.stderr.strip()[-1500:]}")

@@ -37,7 +37,7 @@ def render(preset: str, base: str = "") -> str:
         f"preset: {preset}",
     ]
     for section, field in cfg.StackConfig.model_fields.items():
-        if section in ("preset", "engines"):
+        if section in ("preset", "engines", "hosts"):
             continue
         sub: BaseModel = getattr(model, section)
         lines.append("")
@@ -58,4 +58,16 @@ def render(preset: str, base: str = "") -> str:
     unused = [n for n in catalog.all_engines() if n not in model.engine_names()]
     if unused:
         lines.append(f"  # also available: {', '.join(unused)}")
+    lines += hosts_example()
     return "\n".join(lines) + "\n"
+
+
+def hosts_example() -> list[str]:
+    """``hosts:`` commented out: one box needs none; its fields with their descriptions, for the second box."""
+    lines = ["", f"# {cfg.StackConfig.model_fields['hosts'].description}", "# hosts:", "#   - name: here"]
+    example = {"name": "box2", "docker": "ssh://kit@192.168.1.12", "address": "", "tls": "",
+               "hardware": {"device_ids": ["0", "1"]}}
+    for i, (key, field) in enumerate(cfg.Host.model_fields.items()):
+        head = "#   - " if i == 0 else "#     "
+        lines.append(f"{head}{key}: {_scalar(example[key])}".ljust(40) + f"  # {field.description}")
+    return lines

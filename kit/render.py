@@ -49,6 +49,9 @@ def collect(config: StackConfig, out_dir: Path | None = None, target: str = "com
     if target == "k8s":
         from kit import k8s
 
+        if config.hosts:
+            raise KitError("hosts", "hosts: is for compose stacks; a cluster places pods on its own nodes",
+                           "drop hosts: for --target k8s (more replicas: scale the Deployment)")
         existing = {**compose.read_env(out_dir / "k8s" / k8s.API_KEY_FILE), **compose.read_env(out_dir / ".env")} \
             if out_dir else {}
         files.update(k8s.files(config, compose.api_key(existing)))

@@ -1,0 +1,155 @@
+"""The Docker daemons a stack runs on (``hosts:`` in kit.yaml), each reached through its own endpoint.
+
+No ``hosts:`` is one host, this machine's daemon: the single-box stack, unchanged. With several, the first host runs
+the stack as configured and the front door; every further host runs a replica of the primary (no fallback, no front
+door of its own), published on the host's address, which the front door balances onto by least connections.
+
+An endpoint is what Docker itself understands: ``ssh://`` (the system ``ssh``, so the user's ssh config, keys and
+known hosts apply, as for ``docker -H``), ``tcp://`` with TLS material, ``unix://``, or a Docker context's name. The
+SDK and the compose CLI are pointed at the same endpoint, so what ``kit deploy`` checks is what compose starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from kit.config import Host, StackConfig, replica_address
+from kit.errors import KitError
+
+LOCAL = "local"  # the one host of a stack with no hosts: (this machine's daemon)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One host as kit deploys to it."""
+
+    index: int  # in hosts:, for the field an error names
+    name: str
+    docker: str  # the endpoint; "" = this machine's
+    address: str  # where the front door dials a replica's engine; "" for the first host (the compose network)
+    tls: str  # DOCKER_CERT_PATH for a tcp:// endpoint
+    first: bool  # runs the stack as configured and the front door
+
+    @property
+    def context(self) -> str:
+        """A Docker context's name, when the endpoint is one."""
+        return self.docker if self.docker and "://" not in self.docker else ""
+
+    def env(self) -> dict[str, str]:
+        """What the docker and compose CLIs need to reach this host (added to the environment)."""
+        if not self.docker:
+            return {}
+        if self.context:
+            return {"DOCKER_CONTEXT": self.context}
+        env = {"DOCKER_HOST": self.docker}
+        if self.tls:
+            env.update(DOCKER_TLS_VERIFY="1", DOCKER_CERT_PATH=self.tls)
+        return env
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.docker or 'this machine'})"
+
+
+def targets(config: StackConfig) -> list[Target]:
+    """Every host of the stack, the first (the front door's) first."""
+    if not config.hosts:
+        return [Target(0, LOCAL, "", "", "", True)]
+    return [Target(i, h.name, h.docker, "" if i == 0 else replica_address(h), h.tls, i == 0)
+            for i, h in enumerate(config.hosts)]
+
+
+def folder(target: Target) -> str:
+    """Where a host's compose files are, inside the rendered folder: the first host's at its top."""
+    return "." if target.first else f"hosts/{target.name}"
+
+
+ENV_FILE = "host.env"  # in a replica's folder: how to reach its Docker (what Target.env() gives the CLIs)
+
+
+def env_text(target: Target) -> str:
+    lines = [f"# kit: how docker and compose reach {target.name}; "
+             f"e.g. env $(grep -v '^#' {ENV_FILE}) docker compose ps"]
+    return "\n".join(lines + [f"{k}={v}" for k, v in target.env().items()]) + "\n"
+
+
+def read_target(folder: Path, index: int) -> Target:
+    """A replica host as its rendered folder records it (``kit down`` without the config)."""
+    env: dict[str, str] = {}
+    path = folder / ENV_FILE
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if "=" in line and not line.startswith("#"):
+                key, _, value = line.partition("=")
+                env[key.strip()] = value.strip()
+    docker = env.get("DOCKER_CONTEXT") or env.get("DOCKER_HOST", "")
+    return Target(index, folder.name, docker, "", env.get("DOCKER_CERT_PATH", ""), False)
+
+
+def replicas(config: StackConfig) -> list[Target]:
+    return [t for t in targets(config) if not t.first]
+
+
+def host_config(config: StackConfig, target: Target) -> StackConfig:
+    """The stack as ``target`` runs it: the first host's is the config itself; a replica's keeps only the primary,
+    with the host's own hardware over the stack's."""
+    if target.first:
+        return _with_hardware(config, _host(config, target.name))
+    data = config.model_dump()
+    data["stack"].update(fallback=None, front_door=False)
+    data["hosts"] = []
+    host = _host(config, target.name)
+    if host and host.hardware:
+        data["hardware"].update({k: getattr(host.hardware, k) for k in host.hardware.model_fields_set})
+    return StackConfig.model_validate(data)
+
+
+def _host(config: StackConfig, name: str) -> Host | None:
+    return next((h for h in config.hosts if h.name == name), None)
+
+
+def _with_hardware(config: StackConfig, host: Host | None) -> StackConfig:
+    if not host or not host.hardware or not host.hardware.model_fields_set:
+        return config
+    data = config.model_dump()
+    data["hardware"].update({k: getattr(host.hardware, k) for k in host.hardware.model_fields_set})
+    return StackConfig.model_validate(data)
+
+
+@lru_cache(maxsize=None)
+def client(target: Target) -> Any:
+    """The Docker SDK client for ``target``; this machine's is ``dockerhost.client()``."""
+    from kit import dockerhost
+
+    if not target.docker:
+        return dockerhost.client()
+    import docker
+    from docker.errors import DockerException
+
+    try:
+        if target.context:
+            from docker.context import ContextAPI
+
+            context = ContextAPI.get_context(target.context)
+            if context is None:
+                raise KitError(f"hosts[{target.index}].docker", f"no Docker context named {target.context!r}",
+                               "create it with `docker context create`, or write the endpoint (ssh://user@host)")
+            c = docker.DockerClient(base_url=context.Host, tls=context.TLSConfig, timeout=600,
+                                    use_ssh_client=context.Host.startswith("ssh://"))
+        else:
+            tls: Any = False
+            if target.tls:
+                folder = Path(target.tls)
+                tls = docker.tls.TLSConfig(client_cert=(str(folder / "cert.pem"), str(folder / "key.pem")),
+                                           ca_cert=str(folder / "ca.pem"), verify=True)
+            c = docker.DockerClient(base_url=target.docker, tls=tls, timeout=600,
+                                    use_ssh_client=target.docker.startswith("ssh://"))
+        c.ping()
+    except DockerException as exc:
+        detail = str(exc).splitlines()[0][:200]
+        raise KitError(f"hosts[{target.index}].docker", f"cannot reach the Docker daemon of {target.describe()}: "
+                       f"{detail}", "check that `docker -H ENDPOINT info` works from this machine "
+                       "(for ssh://: your ssh config, key and known_hosts)") from None
+    return c

@@ -1,0 +1,253 @@
+"""``hosts:``: several boxes behind one front door. The config's lines, what is rendered for each host (checked by the
+real compose binary), how each host is reached, and the image copy's progress, all with values written out by hand.
+The real thing (a second dockerd behind a real sshd) is tests/test_hosts_docker.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kit import compose, config as cfg, hosts, imagecopy, render
+from kit.errors import KitError
+from tests.conftest import make_config
+from tests.test_compose import COMPOSE, needs_compose
+
+TWO = {"preset": "cpu", "model": {"dir": "/srv/models", "file": "tiny.gguf"}, "serve": {"port": 9000},
+       "hosts": [{"name": "here"}, {"name": "box2", "docker": "ssh://kit@192.168.1.12"}]}
+
+
+def with_hosts(*more: dict, **top) -> dict:
+    return {**TWO, "hosts": [{"name": "here"}, *more], **top}
+
+
+@pytest.mark.parametrize("hosts_, line", [
+    ([{"name": "here"}, {"name": "here", "docker": "ssh://kit@10.0.0.2"}],
+     "hosts[1].name: 'here' is named twice; give every host its own name"),
+    ([{"name": "here"}, {"name": "box2", "docker": "ssh://kit@box2.lan"}],
+     "hosts[1].address: the front door cannot tell where box2's engine is; write the host's IP, e.g. address: "
+     "192.168.1.12"),
+    ([{"name": "here"}, {"name": "box2", "docker": "ssh://box2", "address": "box2.lan"}],
+     "hosts[1].address: 'box2.lan' is not an IP address; the engine publishes its port on it, so write the host's "
+     "IP, e.g. 192.168.1.12"),
+    ([{"name": "here"}, {"name": "box2", "docker": "http://10.0.0.2"}],
+     "hosts[1].docker: 'http://10.0.0.2' is not a Docker endpoint; write ssh://user@host, tcp://host:2376, "
+     "unix:///path or a Docker context name"),
+    ([{"name": "Box 2"}], "hosts[0].name: 'Box 2' is not a host name kit can use; write lower-case letters, digits "
+     "and '-', like box2"),
+    ([{"docker": "ssh://kit@10.0.0.2"}], "hosts[0].name: Field required; see `kit init` for the expected form"),
+    ([{"name": "box2", "docker": "ssh://kit@10.0.0.2"}],
+     "hosts[0].docker: the first host is this machine: it runs the front door, and kit checks its model, ports and "
+     "images here; list this machine first, with no docker endpoint"),
+    ([{"name": "here"}, {"name": "box2", "docker": "ssh://10.0.0.2", "hardware": {"gpuz": 1}}],
+     "hosts[1].hardware.gpuz: unknown key; did you mean 'gpus'?"),
+    ([{"name": "here"}, {"name": "box2", "docker": "ssh://10.0.0.2", "hardware": {"archs": [75]}}],
+     "hosts[1].hardware.archs: every host runs the same image; list every host's arch in hardware.archs (now [70]) "
+     "and drop this one"),
+    ([{"name": "here"}, {"name": "box2", "docker": "ssh://10.0.0.2", "tls": "/etc/kit/tls"}],
+     "hosts[1].tls: TLS material is for a tcp:// endpoint; drop tls, or write docker: tcp://HOST:2376"),
+    ([{"name": "here"}, {"name": "box2", "docker": "ssh://10.0.0.2", "colour": "red"}],
+     "hosts[1].colour: unknown key; valid: address, docker, hardware, name, tls"),
+])
+def test_bad_hosts_are_one_line_naming_the_field(hosts_, line):
+    with pytest.raises(KitError) as err:
+        cfg.from_dict({"hosts": hosts_})
+    assert str(err.value) == line
+
+
+@pytest.mark.parametrize("host, address", [
+    ({"name": "b", "docker": "ssh://kit@192.168.1.12"}, "192.168.1.12"),
+    ({"name": "b", "docker": "ssh://kit@192.168.1.12:2222"}, "192.168.1.12"),
+    ({"name": "b", "docker": "tcp://10.1.2.3:2376"}, "10.1.2.3"),
+    ({"name": "b", "docker": "ssh://kit@box2.lan", "address": "10.9.9.9"}, "10.9.9.9"),
+    ({"name": "b", "docker": "ssh://kit@192.168.1.12", "address": "10.9.9.9"}, "10.9.9.9"),  # address wins
+    ({"name": "b", "docker": "box2-context"}, ""),  # a context name: no address to guess
+])
+def test_where_the_front_door_dials_a_replica(host, address):
+    assert cfg.replica_address(cfg.Host(**host)) == address
+
+
+def test_each_endpoint_kind_gives_the_clis_what_docker_reads():
+    ssh, tls, context, local = (hosts.Target(1, "b", "ssh://kit@10.0.0.2", "10.0.0.2", "", False),
+                                hosts.Target(1, "b", "tcp://10.0.0.2:2376", "10.0.0.2", "/etc/kit/tls", False),
+                                hosts.Target(1, "b", "box2", "10.0.0.2", "", False),
+                                hosts.Target(0, "here", "", "", "", True))
+    assert ssh.env() == {"DOCKER_HOST": "ssh://kit@10.0.0.2"}
+    assert tls.env() == {"DOCKER_HOST": "tcp://10.0.0.2:2376", "DOCKER_TLS_VERIFY": "1",
+                         "DOCKER_CERT_PATH": "/etc/kit/tls"}
+    assert context.env() == {"DOCKER_CONTEXT": "box2"} and context.context == "box2"
+    assert local.env() == {} and ssh.context == ""
+
+
+def test_no_hosts_is_one_host_this_machine():
+    (only,) = hosts.targets(make_config({}))
+    assert only == hosts.Target(0, "local", "", "", "", True)
+    assert hosts.replicas(make_config({})) == []
+
+
+def test_a_replica_runs_the_primary_alone_with_its_own_hardware():
+    config = make_config(with_hosts({"name": "box2", "docker": "ssh://kit@10.0.0.2",
+                                     "hardware": {"device_ids": ["2", "3"], "gpu_model": "Tesla V100-PCIE-32GB"}},
+                                    preset="dual-v100-nvlink", stack={"fallback": "llama.cpp", "front_door": True}))
+    first, box2 = hosts.targets(config)
+    assert (first.name, first.first, box2.name, box2.address) == ("here", True, "box2", "10.0.0.2")
+    replica = hosts.host_config(config, box2)
+    assert replica.stack.fallback is None and replica.stack.front_door is False and replica.hosts == []
+    assert replica.hardware.device_ids == ["2", "3"]
+    assert replica.hardware.gpu_model == "Tesla V100-PCIE-32GB"
+    assert replica.hardware.gpus == 2 and replica.hardware.archs == [70]  # the rest stays the stack's
+    assert hosts.host_config(config, first) is config  # the first host runs the config as written
+
+
+def rendered(tmp_path: Path, data: dict) -> Path:
+    out = tmp_path / "out"
+    render.render_stack(make_config(data), out)
+    return out
+
+
+def test_the_rendered_folder_has_one_compose_stack_per_host(tmp_path):
+    out = rendered(tmp_path, TWO)
+    replica = sorted(str(p.relative_to(out)) for p in (out / "hosts").rglob("*") if p.is_file())
+    assert replica == ["hosts/box2/.env", "hosts/box2/compose.yaml", "hosts/box2/host.env"]
+    assert (out / "hosts/box2/host.env").read_text() == (
+        "# kit: how docker and compose reach box2; e.g. env $(grep -v '^#' host.env) docker compose ps\n"
+        "DOCKER_HOST=ssh://kit@192.168.1.12\n")
+    # the same API key on every host, so a client's key works whichever host answers; the same model path
+    here, box2 = compose.read_env(out / ".env"), compose.read_env(out / "hosts/box2/.env")
+    assert here == box2 and here["KIT_MODEL_DIR"] == "/srv/models" and here["KIT_API_KEY"].startswith("kit-")
+    assert oct((out / "hosts/box2/.env").stat().st_mode & 0o777) == "0o600"
+    assert hosts.read_target(out / "hosts/box2", 1) == hosts.Target(1, "box2", "ssh://kit@192.168.1.12", "", "",
+                                                                    False)
+
+
+def test_the_front_door_balances_over_every_host(tmp_path):
+    out = rendered(tmp_path, TWO)
+    conf = (out / "front-door/nginx.conf").read_text()
+    upstream = conf[conf.index("    upstream engines {"):conf.index("    }\n", conf.index("upstream engines"))]
+    # serve.port 9000 is the front door's; this machine's primary is published on 9001 and reached on the compose
+    # network as llama-cpp:8080; box2 runs the primary alone, published on 9000 at its own address
+    assert upstream.splitlines() == [
+        "    upstream engines {",
+        "        least_conn;",
+        "        server llama-cpp:8080 max_fails=1 fail_timeout=10s;",
+        "        server 192.168.1.12:9000 max_fails=1 fail_timeout=10s;  # host box2",
+    ]
+    assert "proxy_next_upstream error timeout http_502 http_503 http_504 non_idempotent;" in conf
+
+
+def test_a_fallback_stays_the_backup_behind_every_hosts_primary(tmp_path):
+    out = rendered(tmp_path, with_hosts({"name": "box2", "docker": "ssh://kit@192.168.1.12"},
+                                        {"name": "box3", "docker": "tcp://192.168.1.13:2376", "tls": "/etc/kit/tls"},
+                                        stack={"fallback": "llama.cpp"}))
+    conf = (out / "front-door/nginx.conf").read_text()
+    servers = [line.strip() for line in conf.splitlines() if line.strip().startswith("server ") and "{" not in line]
+    assert servers == ["server llama-cpp:8080 max_fails=1 fail_timeout=10s;",
+                       "server 192.168.1.12:9000 max_fails=1 fail_timeout=10s;  # host box2",
+                       "server 192.168.1.13:9000 max_fails=1 fail_timeout=10s;  # host box3",
+                       "server llama-cpp-fallback:8080 backup;"]
+    assert (out / "hosts/box3/host.env").read_text().splitlines()[1:] == [
+        "DOCKER_HOST=tcp://192.168.1.13:2376", "DOCKER_TLS_VERIFY=1", "DOCKER_CERT_PATH=/etc/kit/tls"]
+
+
+def test_one_host_keeps_the_primary_first_front_door(tmp_path):
+    out = rendered(tmp_path, {"preset": "cpu", "stack": {"fallback": "llama.cpp", "front_door": True}})
+    conf = (out / "front-door/nginx.conf").read_text()
+    assert "least_conn" not in conf and not (out / "hosts").exists()
+    assert "server llama-cpp-fallback:8080 backup;" in conf
+
+
+@needs_compose
+def test_real_compose_reads_each_hosts_stack(tmp_path):
+    out = rendered(tmp_path, TWO)
+    models = {}
+    for folder in (out, out / "hosts/box2"):
+        result = subprocess.run([*COMPOSE, "-f", str(folder / "compose.yaml"), "--env-file", str(folder / ".env"),
+                                 "config", "--format", "json"], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        models[folder.name] = json.loads(result.stdout)["services"]
+    assert sorted(models["out"]) == ["front-door", "llama-cpp"]
+    assert sorted(models["box2"]) == ["llama-cpp"]  # no front door, no fallback on a replica
+    (port,) = models["box2"]["llama-cpp"]["ports"]
+    assert (port["host_ip"], port["published"], port["target"]) == ("192.168.1.12", "9000", 8080)
+    (port,) = models["out"]["llama-cpp"]["ports"]
+    assert (port["host_ip"], port["published"]) == ("127.0.0.1", "9001")
+    assert models["box2"]["llama-cpp"]["volumes"][0]["source"] == "/srv/models"
+
+
+def test_kubernetes_has_no_hosts(tmp_path):
+    with pytest.raises(KitError) as err:
+        render.render_stack(make_config(TWO), tmp_path / "out", target="k8s")
+    assert str(err.value) == ("hosts: hosts: is for compose stacks; a cluster places pods on its own nodes; drop "
+                              "hosts: for --target k8s (more replicas: scale the Deployment)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_init_shows_hosts_commented_and_they_load_when_uncommented():
+    from kit import initfile
+
+    lines = initfile.hosts_example()
+    assert lines[2:4] == ["# hosts:", "#   - name: here"]
+    text = "\n".join(line[2:] for line in lines[2:])
+    data = yaml.safe_load(text)
+    assert data["hosts"][1]["docker"] == "ssh://kit@192.168.1.12"
+    config = cfg.from_dict(data)
+    assert [h.name for h in config.hosts] == ["here", "box2"]
+
+
+class FakeImage:
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks, self.attrs = chunks, {"Size": 300 << 20}
+
+    def save(self, chunk_size: int, named: bool):
+        assert named and chunk_size == 4 << 20
+        yield from self.chunks
+
+
+class FakeImages:
+    def __init__(self, have: dict[str, FakeImage]) -> None:
+        self.have, self.loaded = have, b""
+
+    def get(self, tag: str) -> FakeImage:
+        from docker.errors import ImageNotFound
+
+        if tag not in self.have:
+            raise ImageNotFound(tag)
+        return self.have[tag]
+
+    def load(self, data) -> list:
+        self.loaded = b"".join(data)
+        return []
+
+
+class FakeClient:
+    def __init__(self, have: dict[str, FakeImage] | None = None) -> None:
+        self.images = FakeImages(have or {})
+
+
+def test_the_image_copy_streams_every_byte_and_reports_progress(monkeypatch):
+    # 5 chunks of 32 MiB: a progress line after 64 and 128 MiB (every 64 MiB), then the total; the clock
+    # advances 2 s per reading, so 160 MiB arrive at second 6 of the copy
+    chunks = [bytes([i]) * (32 << 20) for i in range(5)]
+    source, dest = FakeClient({"kit/llama-cpp:x-cpu": FakeImage(chunks)}), FakeClient()
+    ticks = iter(range(0, 100, 2))
+    monkeypatch.setattr(imagecopy.time, "monotonic", lambda: next(ticks))
+    lines: list[str] = []
+    sent = imagecopy.copy("kit/llama-cpp:x-cpu", source, dest, "box2", lines.append)
+    assert sent == 160 << 20 and dest.images.loaded == b"".join(chunks)
+    assert lines == [
+        "copying kit/llama-cpp:x-cpu to box2 (300 MiB unpacked, docker save | docker load)",
+        "copying kit/llama-cpp:x-cpu to box2: 64 of ~300 MiB, 32.0 MiB/s",   # 64 MiB at t=2
+        "copying kit/llama-cpp:x-cpu to box2: 128 of ~300 MiB, 32.0 MiB/s",  # 128 MiB at t=4
+        "copied kit/llama-cpp:x-cpu to box2: 160 MiB, 26.7 MiB/s",            # 160 MiB at t=6: 26.67
+    ]
+    assert imagecopy.missing(["kit/llama-cpp:x-cpu", "kit/front-door:0.1.0"], source) == ["kit/front-door:0.1.0"]
+
+
+def test_copying_an_image_not_built_here_names_the_fix():
+    with pytest.raises(KitError) as err:
+        imagecopy.copy("kit/llama-cpp:x-cpu", FakeClient(), FakeClient(), "box2", lambda _l: None)
+    assert str(err.value) == ("images: kit/llama-cpp:x-cpu is not built on this machine, so it cannot be copied to "
+                              "box2; run `kit build` first (or set build.push and push it to your registry)")
