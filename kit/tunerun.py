@@ -127,7 +127,29 @@ class ExecRunner:
             self.proc.wait()
 
     def close(self) -> None:
+        """Stop the engine, and any engine this process started that ``self.proc`` never got to hold: a Ctrl-C
+        that lands between the fork and Popen's return leaves a child no attribute points to."""
         self.stop()
+        for pid in children_running(self.binary):
+            try:
+                os.killpg(pid, signal.SIGKILL)  # a session leader (start_new_session): its group is its own
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+def children_running(binary: Path) -> list[int]:
+    """This process's children whose argv runs ``binary`` (directly, or as the script of an interpreter)."""
+    me, found = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name: state, ppid, ...
+        except (OSError, IndexError):
+            continue
+        pid = int(stat.parent.name)
+        if int(fields[1]) == me and str(binary) in process_argv(pid)[:2]:
+            found.append(pid)
+    return found
 
 
 class ComposeRunner:

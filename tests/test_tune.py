@@ -326,3 +326,35 @@ def test_a_point_where_primary_and_fallback_no_longer_fit_together_is_not_starte
     assert tunespace.rejected(alone, "llama.cpp", space) == ""
     short = tunespace.config_at({**raw, "model": {**raw["model"], "ctx": 4096}}, "llama.cpp", {"serve.concurrency": 1})
     assert tunespace.rejected(short, "llama.cpp", space) == ""
+
+
+def test_a_ctrl_c_between_fork_and_popen_returning_leaves_no_engine(tmp_path, monkeypatch):
+    """The race CI hit under load: SIGINT raised in Popen after the child exists but before ``runner.proc`` holds
+    it. Simulated exactly: the real Popen runs, then KeyboardInterrupt is raised as the signal would be; close()
+    must find the orphan among this process's children and stop it."""
+    import time
+
+    from kit import tunerun
+
+    engine = tmp_path / "llama-server"
+    engine.write_text("#!/bin/sh\nexec sleep 300\n")
+    engine.chmod(0o755)
+    real, started = subprocess.Popen, []
+
+    def interrupted_popen(*args, **kwargs):
+        started.append(real(*args, **kwargs))
+        raise KeyboardInterrupt
+
+    write_tiny_llama(tmp_path / "model.gguf")
+    config = cfg.from_dict({"preset": "cpu", "model": {"dir": str(tmp_path), "file": "model.gguf"}})
+    runner = tunerun.ExecRunner(engine, "llama.cpp", free_port(), tmp_path / "engine.log", timeout_s=5)
+    monkeypatch.setattr(tunerun.subprocess, "Popen", interrupted_popen)
+    with pytest.raises(KeyboardInterrupt):
+        runner.start(config)
+    assert runner.proc is None and started[0].poll() is None  # the orphan: running, held by nobody
+    runner.close()
+    deadline = time.monotonic() + 10
+    while started[0].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started[0].poll() is not None, "close() left the engine running"
+    assert tunerun.children_running(engine.resolve()) == []
