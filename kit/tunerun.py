@@ -17,7 +17,8 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -88,8 +89,9 @@ class ExecRunner:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as log:
             try:
-                self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                             start_new_session=True)
+                with sigint_deferred():
+                    self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                 start_new_session=True)
             except OSError as exc:  # not a program this host can run (another machine's binary, a bad #!)
                 raise TrialFailed(f"{self.binary} does not start: {exc.strerror}") from None
         self.started = argv
@@ -127,29 +129,25 @@ class ExecRunner:
             self.proc.wait()
 
     def close(self) -> None:
-        """Stop the engine, and any engine this process started that ``self.proc`` never got to hold: a Ctrl-C
-        that lands between the fork and Popen's return leaves a child no attribute points to."""
         self.stop()
-        for pid in children_running(self.binary):
-            try:
-                os.killpg(pid, signal.SIGKILL)  # a session leader (start_new_session): its group is its own
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
 
 
-def children_running(binary: Path) -> list[int]:
-    """This process's children whose argv runs ``binary`` (directly, or as the script of an interpreter)."""
-    me, found = os.getpid(), []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name: state, ppid, ...
-        except (OSError, IndexError):
-            continue
-        pid = int(stat.parent.name)
-        if int(fields[1]) == me and str(binary) in process_argv(pid)[:2]:
-            found.append(pid)
-    return found
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Ctrl-C held back until the block ends, then raised: a SIGINT that lands inside Popen (after the fork, before
+    Popen returns) would leave an engine running that no attribute holds, which nothing would ever stop."""
+    caught: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    except ValueError:  # not the main thread, where Python delivers signals: nothing to hold back
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 class ComposeRunner:
