@@ -239,10 +239,18 @@ def status(config: StackConfig | None) -> list[dict[str, str]]:
         found = [(hosts.LOCAL, c) for c in
                  dockerhost.client().containers.list(all=True, filters={"label": "io.kit.role"})]
     else:
-        found = [(t.name, c) for t in hosts.targets(config)
-                 for c in containers(hosts.host_config(config, t), hosts.client(t))]
+        found = []
+        for t in hosts.targets(config):
+            try:
+                found += [(t.name, c) for c in containers(hosts.host_config(config, t), hosts.client(t))]
+            except KitError as exc:  # one host down must not hide the others
+                found.append((t.name, exc))
     rows = []
     for host, c in found:
+        if isinstance(c, KitError):
+            rows.append({"host": host, "stack": config.stack.name if config else "", "service": "", "container": "",
+                         "image": "", "state": f"unreachable: {c.problem}", "role": ""})
+            continue
         rows.append({"host": host, "stack": c.labels.get("com.docker.compose.project", ""),
                      "service": c.labels.get("com.docker.compose.service", c.name), "container": c.name,
                      "image": c.attrs["Config"]["Image"], "state": health(c),

@@ -11,6 +11,9 @@ SDK and the compose CLI are pointed at the same endpoint, so what ``kit deploy``
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -118,6 +121,22 @@ def _with_hardware(config: StackConfig, host: Host | None) -> StackConfig:
     return StackConfig.model_validate(data)
 
 
+CA_ENV = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+
+
+@contextmanager
+def _host_ca_only(tls: bool) -> Iterator[None]:
+    """requests prefers REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE (which CA-bundle setups export) over a session's own CA
+    (psf/requests#3829, open since 2017): the daemon's certificate, signed by the host's CA, would fail to verify.
+    While the SDK client first talks to a TLS host they are out of the environment; afterwards the client no longer
+    reads it (``trust_env = False``)."""
+    saved = {k: os.environ.pop(k) for k in CA_ENV if tls and k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 @lru_cache(maxsize=None)
 def client(target: Target) -> Any:
     """The Docker SDK client for ``target``; this machine's is ``dockerhost.client()``."""
@@ -128,24 +147,18 @@ def client(target: Target) -> Any:
     import docker
     from docker.errors import DockerException
 
+    base_url, tls_dir = context_endpoint(target) if target.context else (target.docker, target.tls)
     try:
-        if target.context:
-            from docker.context import ContextAPI
-
-            context = ContextAPI.get_context(target.context)
-            if context is None:
-                raise KitError(f"hosts[{target.index}].docker", f"no Docker context named {target.context!r}",
-                               "create it with `docker context create`, or write the endpoint (ssh://user@host)")
-            c = docker.DockerClient(base_url=context.Host, tls=context.TLSConfig, timeout=600,
-                                    use_ssh_client=context.Host.startswith("ssh://"))
-        else:
-            tls: Any = False
-            if target.tls:
-                folder = Path(target.tls)
-                tls = docker.tls.TLSConfig(client_cert=(str(folder / "cert.pem"), str(folder / "key.pem")),
-                                           ca_cert=str(folder / "ca.pem"), verify=True)
-            c = docker.DockerClient(base_url=target.docker, tls=tls, timeout=600,
-                                    use_ssh_client=target.docker.startswith("ssh://"))
+        tls: Any = False
+        if tls_dir:
+            folder = Path(tls_dir)
+            tls = docker.tls.TLSConfig(client_cert=(str(folder / "cert.pem"), str(folder / "key.pem")),
+                                       ca_cert=str(folder / "ca.pem"), verify=True)
+        with _host_ca_only(bool(tls_dir)):
+            c = docker.DockerClient(base_url=base_url, tls=tls, timeout=600,
+                                    use_ssh_client=base_url.startswith("ssh://"))
+        if tls_dir:
+            c.api.trust_env = False
         c.ping()
     except DockerException as exc:
         detail = str(exc).splitlines()[0][:200]
@@ -153,3 +166,19 @@ def client(target: Target) -> Any:
                        f"{detail}", "check that `docker -H ENDPOINT info` works from this machine "
                        "(for ssh://: your ssh config, key and known_hosts)") from None
     return c
+
+
+def context_endpoint(target: Target) -> tuple[str, str]:
+    """A Docker context's endpoint and TLS folder, as the docker CLI itself reads its context store (the SDK's
+    reader finds the store only beside an existing config.json, which a box without a registry login lacks)."""
+    import json
+    import subprocess
+
+    found = subprocess.run(["docker", "context", "inspect", target.context], capture_output=True, text=True)
+    if found.returncode != 0:
+        raise KitError(f"hosts[{target.index}].docker", f"no Docker context named {target.context!r}",
+                       "create it with `docker context create`, or write the endpoint (ssh://user@host)")
+    (data,) = json.loads(found.stdout)
+    material = (data.get("TLSMaterial") or {}).get("docker") or []
+    tls_dir = str(Path(data["Storage"]["TLSPath"]) / "docker") if material else ""
+    return data["Endpoints"]["docker"]["Host"], tls_dir

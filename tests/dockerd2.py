@@ -46,8 +46,9 @@ class Daemon:
 @contextmanager
 def second_daemon(path_dirs: list[Path] = (), pool: str = "10.213.0.0/16", bridge_cidr: str = "10.214.0.1/24",
                   extra_env: dict[str, str] | None = None, start_timeout_s: float = 60,
-                  runtime: Path | None = None) -> Iterator[Daemon]:
-    """``runtime``: an OCI runtime binary to use as the default one (e.g. tests/runc_rlimits.py's wrapper)."""
+                  runtime: Path | None = None, extra_args: list[str] = ()) -> Iterator[Daemon]:
+    """``runtime``: an OCI runtime binary to use as the default one (e.g. tests/runc_rlimits.py's wrapper);
+    ``extra_args``: more dockerd flags (a TLS-verified tcp:// listener besides the socket)."""
     bridge = "kd2br0"
     subprocess.run(["ip", "link", "delete", bridge], capture_output=True)  # a leftover of a killed run
     for args in (["link", "add", bridge, "type", "bridge"], ["addr", "add", bridge_cidr, "dev", bridge],
@@ -64,6 +65,7 @@ def second_daemon(path_dirs: list[Path] = (), pool: str = "10.213.0.0/16", bridg
            "--ip6tables=false", "--default-address-pool", f"base={pool},size=24", "--storage-driver", "overlay2"]
     if runtime is not None:
         cmd += ["--add-runtime", f"kd2={runtime}", "--default-runtime", "kd2"]
+    cmd += list(extra_args)
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     daemon = Daemon(f"unix://{socket}", folder, log)

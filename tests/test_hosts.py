@@ -251,3 +251,28 @@ def test_copying_an_image_not_built_here_names_the_fix():
         imagecopy.copy("kit/llama-cpp:x-cpu", FakeClient(), FakeClient(), "box2", lambda _l: None)
     assert str(err.value) == ("images: kit/llama-cpp:x-cpu is not built on this machine, so it cannot be copied to "
                               "box2; run `kit build` first (or set build.push and push it to your registry)")
+
+
+def test_status_shows_a_host_it_cannot_reach_and_the_others(monkeypatch):
+    from kit import deploy
+
+    class Container:
+        name, labels = "kit-cpu-llama-cpp", {"com.docker.compose.project": "kit-cpu",
+                                             "com.docker.compose.service": "llama-cpp", "io.kit.role": "primary"}
+        attrs = {"Config": {"Image": "kit/llama-cpp:x-cpu"}}
+
+    def client(target):
+        if target.name == "box2":
+            raise KitError("hosts[1].docker", "cannot reach the Docker daemon of box2 (ssh://kit@192.168.1.12)")
+        return "here's client"
+
+    monkeypatch.setattr(hosts, "client", client)
+    monkeypatch.setattr(deploy, "containers", lambda config, c: [Container()] if c == "here's client" else [])
+    monkeypatch.setattr(deploy, "health", lambda c: "healthy")
+    rows = deploy.status(make_config(TWO))
+    assert rows == [
+        {"host": "here", "stack": "kit-cpu", "service": "llama-cpp", "container": "kit-cpu-llama-cpp",
+         "image": "kit/llama-cpp:x-cpu", "state": "healthy", "role": "primary"},
+        {"host": "box2", "stack": "kit-cpu", "service": "", "container": "", "image": "",
+         "state": "unreachable: cannot reach the Docker daemon of box2 (ssh://kit@192.168.1.12)", "role": ""},
+    ]
