@@ -154,6 +154,16 @@ class TuneSpace(_Record):
         return value
 
 
+class RpcWorker(_Record):
+    """How a host lends its devices to another host's engine (llama.cpp's RPC backend, GGML_RPC): a server from the
+    engine's own image that the primary reaches over TCP. It has no authentication."""
+
+    entrypoint: list[str]  # the server binary
+    args: list[str]  # after it, str.format over {port}
+    port: int
+    devices: str  # the primary's name for the i-th remote device, numbered over every worker in --rpc order
+
+
 class Engine(_Record):
     name: str
     recipe: Literal["cmake", "torch-source", "wheel"]  # kit.dockerfile.RECIPES: one class and one template each
@@ -176,6 +186,7 @@ class Engine(_Record):
     plan: PlanFacts
     serve: Serve
     tune: TuneSpace = Field(default_factory=TuneSpace)
+    rpc: RpcWorker | None = None  # hosts can lend their GPUs to this engine (stack.rpc_workers)
 
     @property
     def slug(self) -> str:

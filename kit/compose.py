@@ -159,9 +159,11 @@ def nginx_conf(config: StackConfig) -> str | None:
     all_services = services(config)
     if not any(s.role == FRONT_DOOR for s in all_services):
         return None
+    from kit import hosts
+
     front = next(s for s in all_services if s.role == FRONT_DOOR)
     return templating.render("front-door/nginx.conf.j2", {
-        "kit_version": __version__, "upstreams": upstreams(config), "balanced": len(config.hosts) > 1,
+        "kit_version": __version__, "upstreams": upstreams(config), "balanced": bool(hosts.replicas(config)),
         "port": front.container_port,
     })
 
@@ -193,16 +195,57 @@ def files(config: StackConfig, out_dir: Path | None = None) -> dict[str, str | P
 
 
 def replica_files(config: StackConfig, existing: dict[str, str]) -> dict[str, str | Path]:
-    """``hosts/<name>/``: each replica host's compose.yaml and .env (the same API key and model path)."""
+    """``hosts/<name>/``: each further host's compose.yaml (a replica's engine, or a worker's rpc-server), .env (the
+    same API key and model path) and host.env (how to reach its Docker)."""
     from kit import hosts
 
     result: dict[str, str | Path] = {}
-    for target in hosts.replicas(config):
-        replica = hosts.host_config(config, target)
-        result[f"{hosts.folder(target)}/compose.yaml"] = compose_yaml(replica, target.address)
-        result[f"{hosts.folder(target)}/.env"] = env_text(replica, existing)
-        result[f"{hosts.folder(target)}/{hosts.ENV_FILE}"] = hosts.env_text(target)
+    for target in hosts.targets(config)[1:]:
+        on_host = hosts.host_config(config, target)
+        folder = hosts.folder(target)
+        if target.worker:
+            result[f"{folder}/compose.yaml"] = HEADER.format(version=__version__) + yaml.safe_dump(
+                worker_dict(config, target), sort_keys=False, default_flow_style=False, width=1000)
+        else:
+            result[f"{folder}/compose.yaml"] = compose_yaml(on_host, target.address)
+        result[f"{folder}/.env"] = env_text(on_host, existing)
+        result[f"{folder}/{hosts.ENV_FILE}"] = hosts.env_text(target)
     return result
+
+
+RPC_WORKER = "rpc-worker"  # the io.kit.role of a host's rpc-server
+
+
+def worker_dict(config: StackConfig, target: Any) -> dict[str, Any]:
+    """A worker host's compose file: rpc-server from the primary's image, its GPUs, published on the host's address
+    (every interface only with ``stack.rpc_listen_all``: rpc-server has no authentication)."""
+    from kit import hosts
+
+    lent = hosts.host_config(config, target)
+    name = config.stack.primary
+    rpc = catalog.get(name).rpc
+    assert rpc is not None  # config._check_rpc_workers
+    bind = "" if config.stack.rpc_listen_all else f"{target.address}:"
+    body: dict[str, Any] = {
+        "image": services(lent)[0].image,
+        "pull_policy": "never" if not config.build.push else "missing",
+        "container_name": f"{config.stack.name}-rpc-server",
+        "entrypoint": list(rpc.entrypoint),
+        "command": [arg.format(port=rpc.port) for arg in rpc.args],
+        "ports": [f"{bind}{rpc.port}:{rpc.port}"],
+        "ipc": "host",
+        # listening, read from the kernel's socket table: rpc-server serves one client at a time with a backlog of
+        # one (ggml-rpc transport.cpp listen(sockfd, 1)), so a probe that connects would queue behind the primary
+        "healthcheck": {"test": ["CMD", "grep", "-q", f"00000000:{rpc.port:04X} 00000000:0000 0A", "/proc/net/tcp"],
+                        "interval": "10s", "timeout": "3s", "retries": 3, "start_period": "10s"},
+        "restart": "unless-stopped",
+        "logging": logging_block(),
+        "labels": {"io.kit.role": RPC_WORKER, "io.kit.engine": name},
+    }
+    if resolve.gpu(lent, name):
+        body["ulimits"] = dict(GPU_ULIMITS)
+        body["deploy"] = gpu_block(lent.hardware.device_ids)
+    return {"name": config.stack.name, "services": {"rpc-server": body}}
 
 
 __all__ = ["compose_dict", "compose_yaml", "env_text", "files", "front_door_image", "API_KEY_VAR"]

@@ -44,6 +44,13 @@ class Stack(Section):
     )
     front_door: bool = Field(False, description="Put an nginx proxy in front: primary first, fallback as backup "
                              "(always there with several hosts: it balances over their engines).")
+    rpc_workers: list[str] = Field(
+        default_factory=list, description="Hosts (names in hosts:) whose devices join the primary's through "
+        "rpc-server (llama.cpp RPC): one model across boxes. rpc-server has no authentication: keep that network "
+        "private.")
+    rpc_listen_all: bool = Field(
+        False, description="Publish rpc-server on every interface of its host, not only its address: anyone who "
+        "reaches the port can use its GPUs and memory.")
 
 
 class Hardware(Section):
@@ -176,10 +183,13 @@ class Host(Section):
     def _ip(cls, value: str) -> str:
         if value:
             try:
-                ipaddress.ip_address(value)
+                ip = ipaddress.ip_address(value)
             except ValueError:
                 raise ValueError(f"{value!r} is not an IP address; the engine publishes its port on it, so write "
                                  "the host's IP, e.g. 192.168.1.12") from None
+            if ip.is_unspecified:
+                raise ValueError(f"{value} is every interface, not an address anyone can dial; write the host's IP "
+                                 "(stack.rpc_listen_all publishes rpc-server on every interface)")
         return value
 
 
@@ -382,6 +392,35 @@ def _check_hosts(config: StackConfig) -> None:
         if host.tls and not host.docker.startswith("tcp://"):
             raise KitError(f"hosts[{i}].tls", "TLS material is for a tcp:// endpoint",
                            "drop tls, or write docker: tcp://HOST:2376")
+    _check_rpc_workers(config)
+
+
+def _check_rpc_workers(config: StackConfig) -> None:
+    """Workers are further hosts, each once, lending to an engine that can use them, with no second copy of it."""
+    workers = config.stack.rpc_workers
+    if not workers:
+        return
+    primary = catalog.get(config.stack.primary)
+    if primary.rpc is None:
+        able = [n for n, e in catalog.all_engines().items() if e.rpc is not None]
+        raise KitError("stack.rpc_workers", f"{primary.name} cannot use other hosts' devices",
+                       f"drop rpc_workers, or make the primary one of: {', '.join(able)}")
+    names = [h.name for h in config.hosts[1:]]
+    for i, name in enumerate(workers):
+        if name not in names:
+            fix = "list it under hosts: after this machine" if name not in [h.name for h in config.hosts] else \
+                "this machine runs the primary; name the other hosts"
+            raise KitError(f"stack.rpc_workers[{i}]", f"{name!r} is not another host", fix)
+        if name in workers[:i]:
+            raise KitError(f"stack.rpc_workers[{i}]", f"{name!r} is named twice", "name each worker once")
+    if config.stack.fallback == config.stack.primary:
+        raise KitError("stack.fallback", f"a second {primary.name} would share the primary's RPC workers, which serve "
+                       "one client at a time", "drop the fallback, or make it another engine")
+    split = config.engine_settings(primary.name).get("split_mode", "layer")
+    if split != "layer":
+        what = "keeps every layer on one GPU" if split == "none" else "cuts every layer over this machine's GPUs"
+        raise KitError(f"engines.{primary.name}.split_mode", f"{split} {what}; a lent device takes whole layers",
+                       "use split_mode: layer with rpc_workers")
 
 
 def replica_address(host: Host) -> str:

@@ -197,25 +197,29 @@ def require_replica_model(config: StackConfig, target: hosts.Target, client: Any
                        "put the model at the same path on every host (the engine runs as uid 10001)") from None
 
 
-def deploy_replica(config: StackConfig, target: hosts.Target, out: Path, timeout_s: float,
-                   echo: Callable[[str], None]) -> None:
-    """One replica host: its images (copied when it lacks them and there is no registry), its model, its GPUs,
-    then ``compose up`` through its endpoint, until healthy."""
-    replica = hosts.host_config(config, target)
+def deploy_host(config: StackConfig, target: hosts.Target, out: Path, timeout_s: float,
+                echo: Callable[[str], None]) -> None:
+    """One further host: its images (copied when it lacks them and there is no registry), a replica's model, its
+    GPUs, then ``compose up`` through its endpoint, until healthy. A worker's rpc-server needs no model: the
+    primary sends it the layers."""
+    on_host = hosts.host_config(config, target)
     client = hosts.client(target)
-    echo(f"host {target.describe()}")
+    echo(f"host {target.describe()}{': rpc-server for the primary' if target.worker else ''}")
+    images = [services(on_host)[0].image] if target.worker else [s.image for s in services(on_host)]
     if not config.build.push:
-        for tag in imagecopy.missing([s.image for s in services(replica)], client):
+        for tag in imagecopy.missing(images, client):
             imagecopy.copy(tag, dockerhost.client(), client, target.name, echo)
-    require_replica_model(replica, target, client)
-    require_gpus(replica, client, f"the Docker of {target.describe()}")
+    if not target.worker:
+        require_replica_model(on_host, target, client)
+    require_gpus(on_host, client, f"the Docker of {target.describe()}")
     _compose(out / hosts.folder(target), "up", "-d", "--remove-orphans", target=target)
-    wait_healthy(replica, timeout_s, lambda line: echo(f"{target.name}: {line}"), client=client)
+    wait_healthy(on_host, timeout_s, lambda line: echo(f"{target.name}: {line}"), client=client)
 
 
 def deploy(config: StackConfig, out: Path, timeout_s: float | None = None,
            echo: Callable[[str], None] = print, fail_on_restart: bool = False) -> str:
-    """Replica hosts first (so the front door starts with its upstreams up), then this stack, then one request."""
+    """Workers first (the primary connects to them as it starts), replicas next (the front door starts with its
+    upstreams up), then this machine's stack, then one request."""
     from kit import resolve
 
     preflight(config)
@@ -223,8 +227,8 @@ def deploy(config: StackConfig, out: Path, timeout_s: float | None = None,
     for note in resolve.notes(config):
         echo(f"note: {note}")
     timeout_s = timeout_s or max(120.0, 2.0 * 60 + 20 * resolve.model_size_gib(config))
-    for target in hosts.replicas(config):
-        deploy_replica(config, target, out, timeout_s, echo)
+    for target in hosts.workers(config) + hosts.replicas(config):
+        deploy_host(config, target, out, timeout_s, echo)
     _compose(out, "up", "-d", "--remove-orphans")
     wait_healthy(config, timeout_s, echo, fail_on_restart)
     url = endpoint(config)

@@ -276,11 +276,32 @@ def check_stack(config: StackConfig, report: Report) -> None:
         report.add(f"log-{f.name}", "fail", f"{f.line[:120]} -> {f.advice}")
 
 
+def check_rpc(config: StackConfig, report: Report) -> None:
+    """rpc-server has no authentication: whoever reaches its port runs graphs on that host's GPUs and reads what is
+    in their memory (tools/rpc/rpc-server.cpp: "Never expose the RPC server to an open network!"). Said every time,
+    a warning when it listens on every interface."""
+    from kit import hosts
+
+    workers = hosts.workers(config)
+    if not workers:
+        return
+    port = catalog.get(config.stack.primary).rpc.port
+    where = ", ".join(f"{t.name} on {'0.0.0.0' if config.stack.rpc_listen_all else t.address}:{port}"
+                      for t in workers)
+    if config.stack.rpc_listen_all:
+        report.add("rpc", "warn", f"rpc-server has no authentication and listens on every interface: {where}; set "
+                   "stack.rpc_listen_all: false, or firewall the port to this machine")
+    else:
+        report.add("rpc", "ok", f"rpc-server has no authentication: {where}, reachable by anyone on that network; "
+                   "keep it private to these hosts")
+
+
 def run(config: StackConfig, *, docker_info: Callable[[], dict[str, Any] | None] | None = None,
         compose_ok: Callable[[], bool] | None = None, stack: bool = True,
         today: dt.date | None = None) -> Report:
     report = Report()
     check_config(config, report)
+    check_rpc(config, report)
     try:
         gpus = nvsmi.gpus()
         if not gpus:

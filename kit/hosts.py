@@ -35,6 +35,7 @@ class Target:
     address: str  # where the front door dials a replica's engine; "" for the first host (the compose network)
     tls: str  # DOCKER_CERT_PATH for a tcp:// endpoint
     first: bool  # runs the stack as configured and the front door
+    worker: bool = False  # lends its devices to the primary (rpc-server) instead of running a replica
 
     @property
     def context(self) -> str:
@@ -60,7 +61,8 @@ def targets(config: StackConfig) -> list[Target]:
     """Every host of the stack, the first (the front door's) first."""
     if not config.hosts:
         return [Target(0, LOCAL, "", "", "", True)]
-    return [Target(i, h.name, h.docker, "" if i == 0 else replica_address(h), h.tls, i == 0)
+    return [Target(i, h.name, h.docker, "" if i == 0 else replica_address(h), h.tls, i == 0,
+                   i > 0 and h.name in config.stack.rpc_workers)
             for i, h in enumerate(config.hosts)]
 
 
@@ -92,7 +94,57 @@ def read_target(folder: Path, index: int) -> Target:
 
 
 def replicas(config: StackConfig) -> list[Target]:
-    return [t for t in targets(config) if not t.first]
+    """Further hosts that run a copy of the primary behind the front door."""
+    return [t for t in targets(config) if not t.first and not t.worker]
+
+
+def workers(config: StackConfig) -> list[Target]:
+    """Further hosts whose devices the primary uses through rpc-server (which serves every GPU it sees, or its CPU
+    when it sees none), in ``stack.rpc_workers`` order: the order of ``--rpc``, which numbers their devices."""
+    by_name = {t.name: t for t in targets(config) if t.worker}
+    return [by_name[name] for name in config.stack.rpc_workers if name in by_name]
+
+
+@dataclass(frozen=True)
+class LentDevice:
+    """A device another host lends to the primary through rpc-server, as the primary sees it."""
+
+    host: str
+    gpu: bool  # a GPU of the worker (else its CPU)
+    memory_gib: float  # of one GPU (hardware.memory_gib of that host)
+    weight: float  # its --tensor-split ratio: its memory over one local GPU's (1 for a CPU)
+
+
+def lent_devices(config: StackConfig) -> list[LentDevice]:
+    """Every worker's devices, in ``--rpc`` order (the order RPC0, RPC1, ... are numbered in)."""
+    from kit import resolve
+
+    out = []
+    for target in workers(config):
+        lent = host_config(config, target)
+        gpu = resolve.engine(lent, config.stack.primary).gpu
+        for _ in range(lent.hardware.gpus if gpu else 1):
+            weight = lent.hardware.memory_gib / config.hardware.memory_gib if gpu else 1.0
+            out.append(LentDevice(target.name, gpu, lent.hardware.memory_gib, weight))
+    return out
+
+
+def rpc_servers(config: StackConfig) -> list[str]:
+    """The primary's ``--rpc`` list: each worker's address and rpc-server port."""
+    from kit import catalog
+
+    rpc = catalog.get(config.stack.primary).rpc
+    return [f"{t.address}:{rpc.port}" for t in workers(config)] if rpc else []
+
+
+def rpc_device_names(config: StackConfig) -> list[str]:
+    """The workers' devices as the primary names them, numbered over every worker in ``--rpc`` order."""
+    from kit import catalog
+
+    rpc = catalog.get(config.stack.primary).rpc
+    if rpc is None:
+        return []
+    return [rpc.devices.format(i=i) for i in range(len(lent_devices(config)))]
 
 
 def host_config(config: StackConfig, target: Target) -> StackConfig:
@@ -101,7 +153,7 @@ def host_config(config: StackConfig, target: Target) -> StackConfig:
     if target.first:
         return _with_hardware(config, _host(config, target.name))
     data = config.model_dump()
-    data["stack"].update(fallback=None, front_door=False)
+    data["stack"].update(fallback=None, front_door=False, rpc_workers=[])
     data["hosts"] = []
     host = _host(config, target.name)
     if host and host.hardware:

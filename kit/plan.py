@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from kit import catalog, paths
+from kit import catalog, hosts, paths
 from kit.config import StackConfig
 from kit.errors import KitError
 from kit.modelinfo import ModelInfo
@@ -47,6 +47,12 @@ class GpuPlan:
     compute: int = 0
     overhead: int = 0
     layers: list[int] = field(default_factory=list)
+    host: str = ""  # the host lending it through rpc-server; "" = this machine
+    device: str = ""  # a lent GPU's name in the primary's --device (RPC0, ...)
+
+    @property
+    def label(self) -> str:
+        return f"{self.device} ({self.host})" if self.host else str(self.index)
 
     @property
     def used(self) -> int:
@@ -74,6 +80,7 @@ class Plan:
     kv_tokens: int | None = None  # vLLM: tokens the KV pool holds
     fix: str = ""
     slots: int = 1  # requests served at once, each up to ctx tokens
+    network: str = ""  # what crosses to lent devices (stack.rpc_workers)
 
     @property
     def fits(self) -> bool:
@@ -168,12 +175,18 @@ def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int |
     split = [float(x) for x in settings["tensor_split"]] if len(settings["tensor_split"]) == n_gpu else [1.0] * n_gpu
     host = 0
     plans = [GpuPlan(i, mem, overhead=overhead) for i in range(n_gpu)]
+    # other hosts' GPUs (stack.rpc_workers) take whole layers after the local ones, by their own split ratio
+    lent = [(name, d) for name, d in zip(hosts.rpc_device_names(config), hosts.lent_devices(config)) if d.gpu] \
+        if n_gpu and config.stack.primary == "llama.cpp" else []
+    split += [d.weight for _, d in lent]
+    plans += [GpuPlan(n_gpu + j, int(d.memory_gib * GIB), overhead=overhead, host=d.host, device=name)
+              for j, (name, d) in enumerate(lent)]
     if n_gpu == 0:  # CPU: everything in host memory
         host = model.weights_bytes + int(sum(layer_kv_bytes(model, l, ctx, k_type, v_type, slots)
                                              for l in range(model.n_layer)))
         return Plan("llama.cpp", model.summary(), ctx, [], host, ctx, int(settings["batch"]), ub, slots=slots)
     mode = "layer" if gpus is not None else str(settings["split_mode"])  # "one more GPU" assumes a layer split
-    if n_gpu == 1 or mode == "none":
+    if len(plans) == 1 or mode == "none":
         devices = [0] * (model.n_layer + 1)
     else:
         devices = assign_layers(model.n_layer, split)
@@ -202,7 +215,22 @@ def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int |
     outputs = server_outputs(config, model)
     for p in plans:
         p.compute = compute_bytes(model, ctx, ub, flash, p.index == last, outputs)
-    return Plan("llama.cpp", model.summary(), ctx, plans, host, 0, int(settings["batch"]), ub, slots=slots)
+    return Plan("llama.cpp", model.summary(), ctx, plans, host, 0, int(settings["batch"]), ub, slots=slots,
+                network=rpc_traffic(model, devices, n_gpu, ub) if lent else "")
+
+
+def rpc_traffic(model: ModelInfo, devices: list[int], local: int, ubatch: int) -> str:
+    """What crosses the network per token with layers on lent devices: at each change between this machine's
+    devices and a lent one along the layers, the f32 activations (n_embd x 4 bytes a token); one crossing more when
+    the output layer is lent (its result comes back). Decode waits one round trip per crossing and token."""
+    remote = [d >= local for d in [0, *devices[: model.n_layer]]]  # token embeddings start on this machine
+    crossings = sum(a != b for a, b in zip(remote, remote[1:])) + (1 if devices[model.n_layer] >= local else 0)
+    act = model.n_embd * 4
+    batch_mib = ubatch * act * crossings / MIB
+    return (f"network: {crossings} crossing(s) of this machine and lent GPUs per token, {act / 1024:.0f} KiB of "
+            f"activations each; a {ubatch}-token prompt batch moves {batch_mib:.0f} MiB "
+            f"({batch_mib * MIB / 117e6 * 1000:.0f} ms at 1 Gb/s); every generated token waits {crossings} round "
+            "trip(s)")
 
 
 def tp_kv_bytes_per_token(n_layer: int, n_head_kv: int, head_dim: int, tp: int) -> float:

@@ -31,13 +31,15 @@ def _yes(fits: bool) -> str:
 def single(result: Plan, info: ModelInfo, name: str) -> Report:
     title = (f"{Path(info.path).name}: {info.architecture}, {info.n_layer} layers, {info.n_head_kv}/{info.n_head} "
              f"KV/heads x {info.head_dim}, {_gib(info.weights_bytes, 1)} GiB weights - {name} at ctx {result.ctx}")
-    rows = [[str(g.index), str(len(g.layers)) if g.layers else "-", _gib(g.weights), _gib(g.kv), _gib(g.compute),
+    rows = [[g.label, str(len(g.layers)) if g.layers else "-", _gib(g.weights), _gib(g.kv), _gib(g.compute),
              _gib(g.overhead), _gib(g.used), _gib(g.total, 1), _gib(g.free), _yes(g.fits)] for g in result.gpus]
     lines: list[str] = []
     if result.host_bytes:
         lines.append(f"host memory: {_gib(result.host_bytes)} GiB (token embeddings"
                      f"{' + all layers' if not result.gpus else ''})")
     lines.append(f"serves {result.serves} (serve.concurrency x model.ctx)")
+    if result.network:
+        lines.append(result.network)
     if result.kv_tokens is not None:
         lines.append(f"KV pool holds {result.kv_tokens} tokens (gpu_memory_utilization)")
     else:

@@ -34,7 +34,9 @@ def services(config: StackConfig) -> list[Service]:
     out: list[Service] = []
     port = config.serve.port
     # a front door needs something to choose from: a fallback, or the replicas on further hosts
-    front = bool(config.stack.front_door and config.stack.fallback) or len(config.hosts) > 1
+    from kit import hosts
+
+    front = bool(config.stack.front_door and config.stack.fallback) or bool(hosts.replicas(config))
     next_port = port + 1 if front else port
     for role, name in (("primary", config.stack.primary), ("fallback", config.stack.fallback)):
         if not name:

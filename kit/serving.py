@@ -19,9 +19,15 @@ def context(config: StackConfig, name: str, *, model_dir: str = MODEL_MOUNT, hos
             port: int | None = None) -> dict[str, Any]:
     """Values the flag templates may use: the resolved engine settings plus stack facts. ``model_dir``, ``host`` and
     ``port`` place the engine elsewhere than in its container (``kit tune --exec`` starts the binary on this host)."""
+    from kit import hosts
+
     engine = catalog.get(name)
     resolved = resolve.engine(config, name)
     backend = engine.flavors[resolved.flavor].backend
+    # inside the container the GPUs are numbered from 0 (compose device_ids maps them)
+    local = [backend.devices.format(i=i) for i in range(config.hardware.gpus)] \
+        if resolved.gpu and backend and backend.devices else []
+    lent = hosts.rpc_device_names(config) if name == config.stack.primary else []
     ctx: dict[str, Any] = dict(resolved.settings)
     ctx.update(
         model_path=f"{model_dir}/{resolved.model_file}",
@@ -33,17 +39,31 @@ def context(config: StackConfig, name: str, *, model_dir: str = MODEL_MOUNT, hos
         gpus=config.hardware.gpus,
         gpu=resolved.gpu,
         multi_gpu=resolved.gpu and config.hardware.gpus > 1,
-        # inside the container the GPUs are numbered from 0 (compose device_ids maps them)
-        devices=[backend.devices.format(i=i) for i in range(config.hardware.gpus)]
-        if resolved.gpu and backend and backend.devices else [],
+        devices=local + lent,
         speculative=resolved.speculative,
+        # other hosts' devices (stack.rpc_workers): layers go to them as to local GPUs
+        rpc_servers=hosts.rpc_servers(config) if lent else [],
+        offload=resolved.gpu or bool(lent),
+        multi_device=(config.hardware.gpus if resolved.gpu else 0) + len(lent) > 1 and (resolved.gpu or bool(lent)),
     )
+    if lent:
+        ctx["tensor_split"] = tensor_split(config, ctx["tensor_split"], len(local))
     return ctx
+
+
+def tensor_split(config: StackConfig, ratios: list[Any], local: int) -> list[Any]:
+    """One ratio per device, the local GPUs' as set (tensor_split names them), then each lent device's: its memory
+    over one local GPU's (a 32 GB card lent to 16 GB ones takes twice the layers; llama.cpp's own default split
+    follows free memory the same way)."""
+    from kit import hosts
+
+    own = [*ratios[:local], *[1] * (local - len(ratios[:local]))]
+    return [*own, *(d.weight for d in hosts.lent_devices(config))]
 
 
 def _format(value: Any) -> str:
     if isinstance(value, list):
-        return ",".join(str(v) for v in value)
+        return ",".join(_format(v) for v in value)
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)

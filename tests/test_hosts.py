@@ -276,3 +276,119 @@ def test_status_shows_a_host_it_cannot_reach_and_the_others(monkeypatch):
         {"host": "box2", "stack": "kit-cpu", "service": "", "container": "", "image": "",
          "state": "unreachable: cannot reach the Docker daemon of box2 (ssh://kit@192.168.1.12)", "role": ""},
     ]
+
+
+# ---------------------------------------------------------------- one model across hosts (llama.cpp RPC)
+
+RPC = {"preset": "dual-v100-nvlink", "model": {"dir": "/srv/models", "file": "tiny.gguf"}, "serve": {"port": 9000},
+       "stack": {"rpc_workers": ["big", "box3"]},
+       "hosts": [{"name": "here"},
+                 {"name": "big", "docker": "ssh://kit@10.0.0.2",
+                  "hardware": {"gpus": 1, "memory_gib": 32, "device_ids": ["1"], "gpu_model": "Tesla V100-PCIE-32GB"}},
+                 {"name": "box3", "docker": "ssh://kit@10.0.0.3"}]}
+
+
+@pytest.mark.parametrize("change, line", [
+    ({"stack": {"rpc_workers": ["box9"]}},
+     "stack.rpc_workers[0]: 'box9' is not another host; list it under hosts: after this machine"),
+    ({"stack": {"rpc_workers": ["here"]}},
+     "stack.rpc_workers[0]: 'here' is not another host; this machine runs the primary; name the other hosts"),
+    ({"stack": {"rpc_workers": ["big", "big"]}}, "stack.rpc_workers[1]: 'big' is named twice; name each worker once"),
+    ({"stack": {"rpc_workers": ["big"], "primary": "vllm"}, "model": {"format": "hf", "dir": "/m", "file": "q"}},
+     "stack.rpc_workers: vllm cannot use other hosts' devices; drop rpc_workers, or make the primary one of: "
+     "llama.cpp"),
+    ({"stack": {"rpc_workers": ["big"], "fallback": "llama.cpp"}},
+     "stack.fallback: a second llama.cpp would share the primary's RPC workers, which serve one client at a time; "
+     "drop the fallback, or make it another engine"),
+    ({"engines": {"llama.cpp": {"split_mode": "row"}}},
+     "engines.llama.cpp.split_mode: row cuts every layer over this machine's GPUs; a lent device takes whole layers; "
+     "use split_mode: layer with rpc_workers"),
+    ({"hosts": [{"name": "here"}, {"name": "big", "docker": "ssh://kit@10.0.0.2", "address": "0.0.0.0"}]},
+     "hosts[1].address: 0.0.0.0 is every interface, not an address anyone can dial; write the host's IP "
+     "(stack.rpc_listen_all publishes rpc-server on every interface)"),
+])
+def test_bad_rpc_workers_are_one_line_naming_the_field(change, line):
+    with pytest.raises(KitError) as err:
+        cfg.from_dict({**RPC, **change})
+    assert str(err.value) == line
+
+
+def test_the_primary_lists_every_workers_devices_after_its_own():
+    from kit import serving
+
+    argv = serving.command(make_config(RPC), "llama.cpp")
+
+    def value(flag):
+        return argv[argv.index(flag) + 1]
+
+    # big lends one 32 GB V100, box3 two 16 GB ones (the stack's hardware): RPC0 is big's, RPC1-2 box3's, numbered
+    # in --rpc order; a 32 GB card next to 16 GB ones takes twice the layers: ratio 32 / 16 = 2
+    assert value("--rpc") == "10.0.0.2:50052,10.0.0.3:50052"
+    assert value("--device") == "CUDA0,CUDA1,RPC0,RPC1,RPC2"
+    assert value("--tensor-split") == "1,1,2,1,1"
+    assert value("--split-mode") == "layer" and value("--n-gpu-layers") == "all"
+    assert argv.index("--rpc") < argv.index("--device")  # --rpc registers RPC0.. before --device names them
+
+
+def test_a_worker_runs_rpc_server_on_its_address_with_its_gpus(tmp_path):
+    out = rendered(tmp_path, RPC)
+    assert not (out / "front-door").exists()  # no replica: nothing to balance
+    big = yaml.safe_load((out / "hosts/big/compose.yaml").read_text())["services"]["rpc-server"]
+    first = yaml.safe_load((out / "compose.yaml").read_text())["services"]["llama-cpp"]
+    assert big["image"] == first["image"]  # the same image, built with GGML_RPC
+    assert big["entrypoint"] == ["/app/ggml-rpc-server"]
+    assert big["command"] == ["--host", "0.0.0.0", "--port", "50052"]  # its container's interfaces; published:
+    assert big["ports"] == ["10.0.0.2:50052:50052"]
+    # 50052 = 0xC384 (12*4096 + 3*256 + 8*16 + 4): listening on 0.0.0.0 in /proc/net/tcp, state 0A (LISTEN)
+    assert big["healthcheck"]["test"] == ["CMD", "grep", "-q", "00000000:C384 00000000:0000 0A", "/proc/net/tcp"]
+    assert big["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["1"]
+    assert big["labels"] == {"io.kit.role": "rpc-worker", "io.kit.engine": "llama.cpp"}
+    assert "volumes" not in big and "environment" not in big  # no model, no API key: the primary sends the layers
+
+    wide = rendered(tmp_path / "wide", {**RPC, "stack": {**RPC["stack"], "rpc_listen_all": True}})
+    assert yaml.safe_load((wide / "hosts/box3/compose.yaml").read_text())["services"]["rpc-server"]["ports"] == [
+        "50052:50052"]
+
+
+def test_plan_puts_layers_on_lent_gpus_and_says_what_crosses_the_network(tmp_path):
+    from tests.ggufmodels import write_sparse_27b
+
+    from kit import modelinfo, plan, planreport
+
+    write_sparse_27b(tmp_path / "q.gguf")
+    config = cfg.from_dict({
+        "preset": "single-v100-32g", "model": {"dir": str(tmp_path), "file": "q.gguf", "ctx": 32768},
+        "engines": {"llama.cpp": {"split_mode": "layer"}}, "stack": {"rpc_workers": ["box2"]},
+        "hosts": [{"name": "here"}, {"name": "box2", "docker": "ssh://kit@10.0.0.2",
+                                     "hardware": {"gpus": 2, "memory_gib": 16, "device_ids": ["0", "1"]}}]})
+    result = plan.make_plan(config, modelinfo.read(tmp_path / "q.gguf"))
+    # 64 layers + the output layer over ratios [1, 16/32, 16/32] = shares 0.5, 0.25, 0.25: layer il goes to the
+    # first device whose cumulative share exceeds il/65 -> il < 32.5 here (33 layers), il < 48.75 on RPC0 (16),
+    # the last 15 and the output layer on RPC1
+    assert [(g.label, len(g.layers)) for g in result.gpus] == [("0", 33), ("RPC0 (box2)", 16), ("RPC1 (box2)", 15)]
+    assert [g.total for g in result.gpus] == [32 * 2**30, 16 * 2**30, 16 * 2**30]
+    # crossings: local layers -> RPC0 (1), RPC0 -> RPC1 stays lent (0), the output on RPC1 comes back (1) = 2;
+    # 5120-wide f32 activations = 20 KiB a token; 512 x 20 KiB x 2 = 20 MiB = 20971520 B, / 117e6 B/s = 179 ms
+    assert result.network == ("network: 2 crossing(s) of this machine and lent GPUs per token, 20 KiB of activations "
+                              "each; a 512-token prompt batch moves 20 MiB (179 ms at 1 Gb/s); every generated token "
+                              "waits 2 round trip(s)")
+    report = planreport.single(result, modelinfo.read(tmp_path / "q.gguf"), "llama.cpp")
+    assert result.network in report.lines and report.rows[1][0] == "RPC0 (box2)"
+
+
+def test_doctor_says_rpc_server_has_no_authentication():
+    from kit import doctor
+
+    report = doctor.Report()
+    doctor.check_rpc(make_config(RPC), report)
+    assert [(f.check, f.status, f.detail) for f in report.findings] == [(
+        "rpc", "ok", "rpc-server has no authentication: big on 10.0.0.2:50052, box3 on 10.0.0.3:50052, reachable by "
+        "anyone on that network; keep it private to these hosts")]
+    wide = doctor.Report()
+    doctor.check_rpc(make_config({**RPC, "stack": {**RPC["stack"], "rpc_listen_all": True}}), wide)
+    assert [(f.status, f.detail) for f in wide.findings] == [(
+        "warn", "rpc-server has no authentication and listens on every interface: big on 0.0.0.0:50052, box3 on "
+        "0.0.0.0:50052; set stack.rpc_listen_all: false, or firewall the port to this machine")]
+    none = doctor.Report()
+    doctor.check_rpc(make_config(TWO), none)
+    assert none.findings == []

@@ -70,21 +70,34 @@ def stream(url: str, key: str, i: int, max_tokens: int = 48) -> tuple[str, bool]
 
 
 @pytest.fixture
-def two_hosts(cpu_image, tiny_gguf, tmp_path, monkeypatch):
+def box2_over_ssh(cpu_image, tmp_path, monkeypatch):
+    """A second Docker host, reached only through ssh://; ``kit down`` on whatever the test deployed, at the end."""
     with second_daemon() as box2, ssh_host(box2.host) as ssh:
         monkeypatch.setenv("PATH", ssh.env()["PATH"])  # this process's SDK client reaches box2 with the test's key
-        raw = yaml.safe_load((FIXTURES / "cpu-ci.yaml").read_text())
-        raw.update(model={"dir": str(tiny_gguf.parent)}, serve={"port": free_port()}, stack={"name": STACK},
-                   hosts=[{"name": "here"}, {"name": "box2", "docker": ssh.url(), "address": BOX2_ADDRESS}])
-        path = tmp_path / "kit.yaml"
-        path.write_text(yaml.safe_dump(raw))
-        config = cfg.load(path)
-        rules.validate(config)
-        build.build_front_door(config, echo=lambda _l: None)
         try:
-            yield box2, ssh, path, config
+            yield box2, ssh
         finally:
             kit("down", "-o", "out", cwd=tmp_path, env=ssh.env())
+
+
+def write_config(tmp_path: Path, tiny_gguf: Path, ssh, **extra) -> tuple[Path, cfg.StackConfig]:
+    raw = yaml.safe_load((FIXTURES / "cpu-ci.yaml").read_text())
+    raw.update(model={"dir": str(tiny_gguf.parent)}, serve={"port": free_port()},
+               hosts=[{"name": "here"}, {"name": "box2", "docker": ssh.url(), "address": BOX2_ADDRESS}], **extra)
+    raw["stack"] = {"name": STACK, **raw.get("stack", {})}
+    path = tmp_path / "kit.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    config = cfg.load(path)
+    rules.validate(config)
+    return path, config
+
+
+@pytest.fixture
+def two_hosts(box2_over_ssh, tiny_gguf, tmp_path):
+    box2, ssh = box2_over_ssh
+    path, config = write_config(tmp_path, tiny_gguf, ssh)
+    build.build_front_door(config, echo=lambda _l: None)
+    yield box2, ssh, path, config
 
 
 def box2_containers(box2, label: str) -> list[str]:
@@ -206,3 +219,75 @@ def test_a_host_over_tcp_with_tls(docker_ready, tmp_path, monkeypatch):
                                          f"(tcp://127.0.0.1:{port}): ")
         assert str(err.value).endswith("; check that `docker -H ENDPOINT info` works from this machine (for ssh://: "
                                        "your ssh config, key and known_hosts)")
+
+
+def greedy_tokens(url: str, key: str | None, prompt: str) -> list[int]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"prompt": prompt, "n_predict": 24, "temperature": 0, "seed": 7, "return_tokens": True,
+            "cache_prompt": False}
+    reply = requests.post(f"{url}/completion", json=body, headers=headers, timeout=120)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["tokens"]
+
+
+def test_one_model_across_two_hosts_over_rpc(box2_over_ssh, tiny_gguf, tmp_path):
+    """box2 lends its CPU to this machine's llama-server through rpc-server (stack.rpc_workers): the same greedy
+    tokens as the model in one process, and the worker really holds layers (killed, generation stops)."""
+    box2, ssh = box2_over_ssh
+    # the tiny model has 2 repeating layers + the output layer: 2 offloaded = the output and one block on box2
+    path, config = write_config(tmp_path, tiny_gguf, ssh, stack={"rpc_workers": ["box2"]},
+                                engines={"llama.cpp": {"n_gpu_layers": 2}})
+    result = kit("deploy", "-c", str(path), "-o", "out", cwd=tmp_path, env=ssh.env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    print(result.stdout)
+    assert "host box2 (" in result.stdout and ": rpc-server for the primary" in result.stdout
+    worker = box2.docker("inspect", f"{STACK}-rpc-server").stdout
+    assert f'"HostIp": "{BOX2_ADDRESS}"' in worker and '"HostPort": "50052"' in worker  # never 0.0.0.0
+    primary = deploy.containers(config)[0]
+    argv = primary.attrs["Config"]["Cmd"]
+    assert argv[argv.index("--rpc") + 1] == f"{BOX2_ADDRESS}:50052" and argv[argv.index("--device") + 1] == "RPC0"
+    assert argv.index("--rpc") < argv.index("--device")  # --rpc registers RPC0 before --device names it
+    assert argv[argv.index("--n-gpu-layers") + 1] == "2"
+    print("primary argv:", argv)
+
+    key = deploy.api_key(tmp_path / "out")
+    split = [greedy_tokens(endpoint(config), key, p) for p in ("hello world the", "the V100 is")]
+
+    # the same model in one process: the argv kit renders without workers, started on this machine's Docker
+    alone = cfg.from_dict({**yaml.safe_load(path.read_text()), "stack": {"name": "kitci-alone"}, "hosts": []})
+    port = free_port()
+    from kit import serving
+
+    single = dockerhost.client().containers.run(
+        next(s for s in deploy.services(alone) if s.engine).image, serving.command(alone, "llama.cpp"), detach=True,
+        ports={"8080/tcp": ("127.0.0.1", port)}, volumes={str(tiny_gguf.parent): {"bind": "/models", "mode": "ro"}},
+        name="kitci-single-process")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        whole = [greedy_tokens(f"http://127.0.0.1:{port}", None, p) for p in ("hello world the", "the V100 is")]
+    finally:
+        single.remove(force=True)
+    assert split == whole and len(split[0]) == 24, (split, whole)
+
+    status = kit("status", "-c", str(path), cwd=tmp_path, env=ssh.env())
+    assert re.search(r"box2 .* rpc-server .* rpc-worker .* healthy", status.stdout), status.stdout
+
+    # the worker holds layers: without it the primary cannot generate
+    box2.docker("stop", "-t", "1", f"{STACK}-rpc-server")
+    try:
+        broken = requests.post(f"{endpoint(config)}/completion", json={"prompt": "hello", "n_predict": 8},
+                               headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        assert broken.status_code != 200
+    except requests.RequestException:
+        pass  # llama-server aborted on the lost connection: also a failure to generate
+
+    gone = kit("down", "-o", "out", cwd=tmp_path, env=ssh.env())
+    assert gone.returncode == 0, gone.stderr
+    assert box2_containers(box2, f"com.docker.compose.project={STACK}") == [] and not deploy.containers(config)

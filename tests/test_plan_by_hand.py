@@ -53,7 +53,7 @@ def cpu_config():
 def gpu(index, weights, kv, compute, layers, total=1024 * MIB):
     used = weights + kv + compute + OVERHEAD
     return {"index": index, "total": total, "weights": weights, "kv": kv, "compute": compute, "overhead": OVERHEAD,
-            "layers": layers, "used": used, "free": total - used, "fits": total >= used}
+            "layers": layers, "host": "", "device": "", "used": used, "free": total - used, "fits": total >= used}
 
 
 def test_layer_split_per_gpu_bytes():
@@ -207,7 +207,7 @@ def test_tensor_parallel_pool_by_hand():
     capped at the model's 32768."""
     got = plan.plan_tensor_parallel(vllm(), "vllm", hf_toy(8 * 2**30), 16384).as_dict()
     each = {"total": 13743895347, "weights": 4294967296, "kv": 7366456115, "compute": 0, "overhead": 2082471936,
-            "layers": [], "used": 13743895347, "free": 0, "fits": True}
+            "layers": [], "host": "", "device": "", "used": 13743895347, "free": 0, "fits": True}
     assert got["gpus"] == [{"index": 0, **each}, {"index": 1, **each}]
     assert {k: got[k] for k in ("engine", "ctx", "host_bytes", "max_ctx", "batch", "ubatch", "kv_tokens", "slots",
                                 "fits")} == {"engine": "vllm", "ctx": 16384, "host_bytes": 0, "max_ctx": 32768,
