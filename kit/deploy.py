@@ -283,8 +283,16 @@ def front_door_view(config: StackConfig) -> list[dict[str, str]]:
 
 
 def logs(out: Path, tail: int = 2000, service: str | None = None) -> str:
+    """Every host's logs: this machine's, then each further host's (its rendered folder says how to reach it), each
+    of their lines led by the host's name."""
     result = _compose(out, "logs", "--no-color", "--tail", str(tail), *([service] if service else []))
-    return result.stdout + result.stderr
+    text = result.stdout + result.stderr
+    for i, folder in enumerate(sorted(p.parent for p in (out / "hosts").glob("*/compose.yaml")), start=1):
+        target = hosts.read_target(folder, i)
+        other = _compose(folder, "logs", "--no-color", "--tail", str(tail), *([service] if service else []),
+                         target=target, check=False)
+        text += "".join(f"{target.name}: {line}\n" for line in (other.stdout + other.stderr).splitlines())
+    return text
 
 
 def check_logs(out: Path, config: StackConfig | None = None) -> list[logscan.Finding]:
@@ -298,11 +306,14 @@ def check_logs(out: Path, config: StackConfig | None = None) -> list[logscan.Fin
 def crash_loops(config: StackConfig) -> list[logscan.Finding]:
     """A container that restarted or exited with an error: the silent failure ``restart: unless-stopped`` makes."""
     found = []
-    for c in containers(config):
+    on_hosts = [(t, c) for t in hosts.targets(config)
+                for c in containers(hosts.host_config(config, t), hosts.client(t))]
+    for target, c in on_hosts:
         c.reload()
         state = c.attrs.get("State", {})
         restarts, code = int(c.attrs.get("RestartCount", 0)), int(state.get("ExitCode", 0))
         name = c.labels.get("com.docker.compose.service", c.name)
+        name = name if target.first else f"{target.name}: {name}"
         if state.get("Restarting") or restarts >= 2 or state.get("Status") == "exited" and code != 0:
             found.append(logscan.Finding(
                 "crash-loop", f"{name}: {state.get('Status')}, restarted {restarts} times, last exit code {code}",

@@ -143,6 +143,11 @@ def test_two_hosts_behind_one_front_door(two_hosts, tmp_path):
     assert "the front door's view" in status.stdout
     assert re.search(rf"{re.escape(BOX2_ADDRESS)}:{config.serve.port}\s.*box2.*healthy", status.stdout)
 
+    # kit logs: every host's lines, box2's led by its name (its folder's host.env says how to reach it)
+    logs = kit("logs", "-o", "out", cwd=tmp_path, env=ssh.env())
+    assert logs.returncode == 0, logs.stderr
+    assert any(line.startswith("box2: ") and "llama" in line for line in logs.stdout.splitlines()), logs.stdout[-800:]
+
     # box2's engine killed while 40 requests run 6 at a time: a request fails only if its response had started
     done = threading.Event()
     finished = [0]
