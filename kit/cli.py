@@ -537,12 +537,20 @@ def plan(
     else:
         info = planner.read_model(config, name, model_file)
     result = planner.make_plan(config, info, name, ctx)
+    replicas = planner.on_replicas(config, info, ctx) if name == config.stack.primary and not model_file else []
     if as_json:
-        print(jsonlib.dumps(result.as_dict(), indent=2))
+        print(jsonlib.dumps({**result.as_dict(), "hosts": {t.name: p.as_dict() for t, p in replicas}}
+                            if replicas else result.as_dict(), indent=2))
     else:
         _print_plan(planreport.single(result, info, name))
+        for target, on_host in replicas:
+            out.print(planreport.replica_line(target.name, on_host), markup=False)
     if not result.fits:
         raise CheckFailed(f"does not fit at ctx {result.ctx}: {result.fix}")
+    short = [t.name for t, p in replicas if not p.fits]
+    if short:
+        raise CheckFailed(f"does not fit on {', '.join(short)}: the fix is on its line above (or drop that host's "
+                          "replica)")
 
 
 def _print_plan(report: PlanReport) -> None:

@@ -171,9 +171,24 @@ def require_gpus(config: StackConfig, client: Any = None, where: str = "this Doc
                        "(`kit doctor` checks it), or use the cpu preset")
 
 
+def require_replicas_fit(config: StackConfig) -> None:
+    """A replica host with its own hardware holds the model too (planned from the header on this machine): else
+    that host waits out its health timeout on an out-of-memory loop."""
+    from kit import plan, resolve
+
+    info = resolve.model_info(config, config.stack.primary)
+    if info is None:
+        return
+    for target, result in plan.on_replicas(config, info):
+        if not result.fits:
+            raise KitError(f"hosts[{target.index}].hardware", f"the model does not fit {target.name} at ctx "
+                           f"{result.ctx}", result.fix or "give that host more GPUs, or lower model.ctx")
+
+
 def preflight(config: StackConfig) -> None:
     """What `kit deploy` checks before it writes or starts anything."""
     require_model(config)
+    require_replicas_fit(config)
     require_images(config)
     require_gpus(config)
     require_ports(config)

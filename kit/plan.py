@@ -325,6 +325,18 @@ def model_path(config: StackConfig, engine: str, given: str | None) -> Path:
     return Path(given) if given else host_model_path(config, engine)
 
 
+def on_replicas(config: StackConfig, model: ModelInfo, ctx: int | None = None) -> list[tuple[Any, Plan]]:
+    """The primary planned on each replica host whose hardware differs from the stack's (``hosts[].hardware``):
+    a box with fewer or smaller GPUs may not hold what this one does."""
+    out = []
+    for index, host in enumerate(config.hosts):
+        target = next((t for t in hosts.replicas(config) if t.name == host.name), None)
+        if target is None or not host.hardware or not host.hardware.model_fields_set:
+            continue
+        out.append((target, make_plan(hosts.host_config(config, target), model, config.stack.primary, ctx)))
+    return out
+
+
 def read_model(config: StackConfig, engine: str, given: str | None) -> ModelInfo:
     """The model ``kit plan`` plans: the one given on the command line, or the stack's (an error about the stack's
     names its kit.yaml field)."""

@@ -60,3 +60,11 @@ def stack(together: StackPlan) -> Report:
                      _gib(together.total, 1), _yes(used <= together.total)])
     return Report("the stack on shared GPUs",
                   ["GPU", *[f"{p.engine} (GiB)" for p in together.plans], "together", "of", "fits"], rows)
+
+
+def replica_line(name: str, result: Plan) -> str:
+    """One line per replica host planned on its own hardware."""
+    gpus = result.gpus
+    box = f"{len(gpus)} x {_gib(gpus[0].total, 0)} GiB" if gpus else "CPU"
+    verdict = "fits" if result.fits else f"does not fit: {result.fix}"
+    return f"host {name} ({box}): {verdict} at ctx {result.ctx}"

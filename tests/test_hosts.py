@@ -392,3 +392,27 @@ def test_doctor_says_rpc_server_has_no_authentication():
     none = doctor.Report()
     doctor.check_rpc(make_config(TWO), none)
     assert none.findings == []
+
+
+def test_a_replica_with_less_hardware_is_planned_and_refused_before_deploy(tmp_path):
+    from tests.ggufmodels import write_sparse_27b
+
+    from kit import deploy, modelinfo, plan, planreport
+
+    write_sparse_27b(tmp_path / "q.gguf")
+    data = {"preset": "dual-v100-nvlink", "model": {"dir": str(tmp_path), "file": "q.gguf", "ctx": 16384},
+            "hosts": [{"name": "here"},
+                      {"name": "box2", "docker": "ssh://kit@10.0.0.2", "hardware": {"gpus": 1, "device_ids": ["0"]}},
+                      {"name": "box3", "docker": "ssh://kit@10.0.0.3"}]}  # box3: the stack's hardware, not planned
+    config = make_config(data)
+    (target, one_gpu), = plan.on_replicas(config, modelinfo.read(tmp_path / "q.gguf"))
+    # 13.2 GiB of weights and 4 x 16384 tokens x 256 KiB of f16 KV (64 layers x 8 KV heads x 128 x 2 x 2 bytes)
+    # = 16 GiB of KV: on two 16 GiB cards that fits, on one it cannot
+    assert target.name == "box2" and not one_gpu.fits and len(one_gpu.gpus) == 1
+    assert planreport.replica_line("box2", one_gpu).startswith("host box2 (1 x 16 GiB): does not fit: ")
+    with pytest.raises(KitError) as err:
+        deploy.require_replicas_fit(config)
+    assert str(err.value).startswith("hosts[1].hardware: the model does not fit box2 at ctx 16384; ")
+    roomy = make_config({**data, "hosts": [data["hosts"][0], {**data["hosts"][1], "hardware": {
+        "memory_gib": 32, "gpu_model": "Tesla V100-SXM2-32GB"}}]})
+    deploy.require_replicas_fit(roomy)  # two 32 GiB cards: fits, nothing raised
