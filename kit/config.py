@@ -378,6 +378,9 @@ def _check_hosts(config: StackConfig) -> None:
     if config.hosts and config.hosts[0].docker:
         raise KitError("hosts[0].docker", "the first host is this machine: it runs the front door, and kit checks "
                        "its model, ports and images here", "list this machine first, with no docker endpoint")
+    if config.hosts and config.hosts[0].hardware:
+        raise KitError("hosts[0].hardware", "the first host is this machine, whose hardware is `hardware:`",
+                       "move these values to hardware:")
     for i, host in enumerate(config.hosts):
         if host.name in seen:
             raise KitError(f"hosts[{i}].name", f"{host.name!r} is named twice", "give every host its own name")

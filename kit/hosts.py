@@ -67,8 +67,8 @@ def targets(config: StackConfig) -> list[Target]:
 
 
 def folder(target: Target) -> str:
-    """Where a host's compose files are, inside the rendered folder: the first host's at its top."""
-    return "." if target.first else f"hosts/{target.name}"
+    """Where a further host's compose files are, inside the rendered folder (the first host's are at its top)."""
+    return f"hosts/{target.name}"
 
 
 ENV_FILE = "host.env"  # in a replica's folder: how to reach its Docker (what Target.env() gives the CLIs)
@@ -148,10 +148,10 @@ def rpc_device_names(config: StackConfig) -> list[str]:
 
 
 def host_config(config: StackConfig, target: Target) -> StackConfig:
-    """The stack as ``target`` runs it: the first host's is the config itself; a replica's keeps only the primary,
-    with the host's own hardware over the stack's."""
+    """The stack as ``target`` runs it: the first host's is the config itself (its hardware is ``hardware:``); a
+    further host's keeps only the primary, with the host's own hardware over the stack's."""
     if target.first:
-        return _with_hardware(config, _host(config, target.name))
+        return config
     data = config.model_dump()
     data["stack"].update(fallback=None, front_door=False, rpc_workers=[])
     data["hosts"] = []
@@ -163,14 +163,6 @@ def host_config(config: StackConfig, target: Target) -> StackConfig:
 
 def _host(config: StackConfig, name: str) -> Host | None:
     return next((h for h in config.hosts if h.name == name), None)
-
-
-def _with_hardware(config: StackConfig, host: Host | None) -> StackConfig:
-    if not host or not host.hardware or not host.hardware.model_fields_set:
-        return config
-    data = config.model_dump()
-    data["hardware"].update({k: getattr(host.hardware, k) for k in host.hardware.model_fields_set})
-    return StackConfig.model_validate(data)
 
 
 CA_ENV = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")

@@ -42,6 +42,9 @@ def with_hosts(*more: dict, **top) -> dict:
     ([{"name": "box2", "docker": "ssh://kit@10.0.0.2"}],
      "hosts[0].docker: the first host is this machine: it runs the front door, and kit checks its model, ports and "
      "images here; list this machine first, with no docker endpoint"),
+    ([{"name": "here", "hardware": {"gpus": 1}}],
+     "hosts[0].hardware: the first host is this machine, whose hardware is `hardware:`; move these values to "
+     "hardware:"),
     ([{"name": "here"}, {"name": "box2", "docker": "ssh://10.0.0.2", "hardware": {"gpuz": 1}}],
      "hosts[1].hardware.gpuz: unknown key; did you mean 'gpus'?"),
     ([{"name": "here"}, {"name": "box2", "docker": "ssh://10.0.0.2", "hardware": {"archs": [75]}}],
@@ -93,7 +96,8 @@ def test_a_replica_runs_the_primary_alone_with_its_own_hardware():
                                      "hardware": {"device_ids": ["2", "3"], "gpu_model": "Tesla V100-PCIE-32GB"}},
                                     preset="dual-v100-nvlink", stack={"fallback": "llama.cpp", "front_door": True}))
     first, box2 = hosts.targets(config)
-    assert (first.name, first.first, box2.name, box2.address) == ("here", True, "box2", "10.0.0.2")
+    assert (first.name, first.first, first.address, box2.name, box2.address) == ("here", True, "", "box2",
+                                                                                    "10.0.0.2")
     replica = hosts.host_config(config, box2)
     assert replica.stack.fallback is None and replica.stack.front_door is False and replica.hosts == []
     assert replica.hardware.device_ids == ["2", "3"]
@@ -232,16 +236,16 @@ def test_the_image_copy_streams_every_byte_and_reports_progress(monkeypatch):
     # advances 2 s per reading, so 160 MiB arrive at second 6 of the copy
     chunks = [bytes([i]) * (32 << 20) for i in range(5)]
     source, dest = FakeClient({"kit/llama-cpp:x-cpu": FakeImage(chunks)}), FakeClient()
-    ticks = iter(range(0, 100, 2))
+    ticks = iter(range(100, 200, 2))  # a monotonic clock starts anywhere: only differences count
     monkeypatch.setattr(imagecopy.time, "monotonic", lambda: next(ticks))
     lines: list[str] = []
     sent = imagecopy.copy("kit/llama-cpp:x-cpu", source, dest, "box2", lines.append)
     assert sent == 160 << 20 and dest.images.loaded == b"".join(chunks)
     assert lines == [
         "copying kit/llama-cpp:x-cpu to box2 (300 MiB unpacked, docker save | docker load)",
-        "copying kit/llama-cpp:x-cpu to box2: 64 of ~300 MiB, 32.0 MiB/s",   # 64 MiB at t=2
-        "copying kit/llama-cpp:x-cpu to box2: 128 of ~300 MiB, 32.0 MiB/s",  # 128 MiB at t=4
-        "copied kit/llama-cpp:x-cpu to box2: 160 MiB, 26.7 MiB/s",            # 160 MiB at t=6: 26.67
+        "copying kit/llama-cpp:x-cpu to box2: 64 of ~300 MiB, 32.0 MiB/s",   # 64 MiB 2 s after the start
+        "copying kit/llama-cpp:x-cpu to box2: 128 of ~300 MiB, 32.0 MiB/s",  # 128 MiB after 4 s
+        "copied kit/llama-cpp:x-cpu to box2: 160 MiB, 26.7 MiB/s",            # 160 MiB after 6 s: 26.67
     ]
     assert imagecopy.missing(["kit/llama-cpp:x-cpu", "kit/front-door:0.1.0"], source) == ["kit/front-door:0.1.0"]
 
@@ -416,3 +420,62 @@ def test_a_replica_with_less_hardware_is_planned_and_refused_before_deploy(tmp_p
     roomy = make_config({**data, "hosts": [data["hosts"][0], {**data["hosts"][1], "hardware": {
         "memory_gib": 32, "gpu_model": "Tesla V100-SXM2-32GB"}}]})
     deploy.require_replicas_fit(roomy)  # two 32 GiB cards: fits, nothing raised
+
+
+@pytest.mark.parametrize("target", [
+    hosts.Target(1, "box2", "ssh://kit@10.0.0.2", "10.0.0.2", "", False),
+    hosts.Target(2, "box3", "tcp://10.0.0.3:2376", "10.0.0.3", "/etc/kit/tls", False),
+    hosts.Target(3, "box4", "box4-context", "10.0.0.4", "", False),
+])
+def test_a_hosts_folder_says_how_to_reach_it_without_the_config(tmp_path, target):
+    folder = tmp_path / target.name
+    folder.mkdir()
+    (folder / hosts.ENV_FILE).write_text(hosts.env_text(target))
+    back = hosts.read_target(folder, target.index)
+    # everything down and logs need: the endpoint (or context) and the TLS folder; the address is the config's
+    assert (back.name, back.docker, back.tls, back.env()) == (target.name, target.docker, target.tls, target.env())
+
+
+def test_a_cpu_worker_lends_one_device_whatever_gpus_it_has():
+    config = make_config({**TWO, "stack": {"rpc_workers": ["box2"]},
+                          "hosts": [{"name": "here"}, {"name": "box2", "docker": "ssh://kit@192.168.1.12",
+                                                       "hardware": {"gpus": 2, "memory_gib": 32}}]})
+    # the cpu flavor runs no GPU: box2's rpc-server serves its CPU, one device, ratio 1 whatever its cards
+    assert hosts.lent_devices(config) == [hosts.LentDevice("box2", False, 32, 1.0)]
+    from kit import serving
+
+    argv = serving.command(config, "llama.cpp")
+    assert argv[argv.index("--device") + 1] == "RPC0" and "--tensor-split" not in argv  # one device: no split
+
+
+def test_a_replica_beside_workers_serves_alone():
+    from kit import serving
+
+    config = make_config({**RPC, "hosts": [*RPC["hosts"], {"name": "box4", "docker": "ssh://kit@10.0.0.4"}]})
+    (replica,) = hosts.replicas(config)
+    alone = serving.command(hosts.host_config(config, replica), "llama.cpp")
+    assert replica.name == "box4" and "--rpc" not in alone  # the workers lend to this machine's primary only
+    assert alone[alone.index("--device") + 1] == "CUDA0,CUDA1"
+
+
+def test_progress_before_any_time_passed_and_without_a_size():
+    assert imagecopy.progress("t", "box2", 0, 0, 0.0) == "copying t to box2: 0 MiB, 0.0 MiB/s"
+    assert imagecopy.progress("t", "box2", 3 << 20, 0, 2.0, done=True) == "copied t to box2: 3 MiB, 1.5 MiB/s"
+
+
+def test_a_load_the_host_refuses_is_one_line_naming_host_and_image():
+    from docker.errors import APIError
+
+    from kit.errors import CheckFailed
+
+    class Refusing(FakeImages):
+        def load(self, data):
+            list(data)
+            raise APIError("500 Server Error", explanation="no space left on device")
+
+    dest = FakeClient()
+    dest.images = Refusing({})
+    source = FakeClient({"kit/llama-cpp:x-cpu": FakeImage([b"x"])})
+    with pytest.raises(CheckFailed) as err:
+        imagecopy.copy("kit/llama-cpp:x-cpu", source, dest, "box2", lambda _l: None)
+    assert str(err.value) == "loading kit/llama-cpp:x-cpu on box2 failed: no space left on device"
