@@ -164,6 +164,24 @@ class RpcWorker(_Record):
     devices: str  # the primary's name for the i-th remote device, numbered over every worker in --rpc order
 
 
+class PanelApp(_Record):
+    """The engine's 1Panel app (``kit panel export``): what differs per engine; images/1panel.yaml holds the rest."""
+
+    key: str  # the app's folder and key in the store
+    logo_rgb: tuple[int, int, int] = (60, 60, 60)  # the generated logo's colour
+    name: str
+    document: str = ""
+    description: dict[str, str]  # by language; zh and en at least (1Panel's short descriptions)
+
+    @field_validator("description")
+    @classmethod
+    def _en_and_zh(cls, value: dict[str, str]) -> dict[str, str]:
+        missing = [lang for lang in ("en", "zh") if lang not in value]
+        if missing:
+            raise ValueError(f"panel.description needs {' and '.join(missing)} (1Panel's short descriptions)")
+        return value
+
+
 class Engine(_Record):
     name: str
     recipe: Literal["cmake", "torch-source", "wheel"]  # kit.dockerfile.RECIPES: one class and one template each
@@ -187,6 +205,7 @@ class Engine(_Record):
     serve: Serve
     tune: TuneSpace = Field(default_factory=TuneSpace)
     rpc: RpcWorker | None = None  # hosts can lend their GPUs to this engine (stack.rpc_workers)
+    panel: PanelApp | None = None  # a 1Panel app for this engine
 
     @property
     def slug(self) -> str:

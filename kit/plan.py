@@ -118,7 +118,8 @@ def layer_kv_bytes(model: ModelInfo, layer: int, ctx: int, k_type: str, v_type: 
     return slots * tokens * per_token
 
 
-def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bool, outputs: int) -> int:
+def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bool, outputs: int,
+                  engine: str = "llama.cpp") -> int:
     """llama.cpp's compute buffer: the worst case it reserves at start (src/llama-context.cpp, graph_reserve for a
     ubatch of prompt tokens). ggml-alloc reuses memory between ops, so it is the larger of the two peaks of a layer
     (the FFN, or attention), plus the attention mask that lives through the whole graph. ``ctx`` is one slot's KV
@@ -131,7 +132,7 @@ def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bo
       llama-server asks for one output per slot and draft token (server_output_limits), not one per prompt token
     Exact (to 0.01 MiB) at 9 settings on an H200 (benchmarks/results/gpu-compute-h200.json: ubatch 256-1024, 1-4
     slots of 4096-32768 tokens, flash attention on and off); the plan was 3x too high before (417 vs 172 MiB)."""
-    fit = catalog.get("llama.cpp").plan.compute
+    fit = catalog.get(engine).plan.compute
     width = {"n_ff": model.n_ff, "n_embd": model.n_embd, "kv_width": model.n_head_kv * model.head_dim}
     mask = ctx * ubatch * fit["mask_bytes"]
     ffn = ubatch * 4 * sum(rows * width[name] for name, rows in fit["ffn_rows"].items())
@@ -142,12 +143,12 @@ def compute_bytes(model: ModelInfo, ctx: int, ubatch: int, flash: bool, last: bo
     return int(max(ffn, attention, logits) + mask)
 
 
-def server_outputs(config: StackConfig, model: ModelInfo) -> int:
+def server_outputs(config: StackConfig, model: ModelInfo, engine: str = "llama.cpp") -> int:
     """Outputs llama-server reserves logits for: slots x (1 + draft tokens), at most a batch (common/speculative.cpp,
     common_speculative_get_output_limits)."""
-    settings = config.engine_settings("llama.cpp")
+    settings = config.engine_settings(engine)
     spec = str(settings.get("spec_type", "none"))
-    rule = catalog.get("llama.cpp").model_dependent.get("spec_type")
+    rule = catalog.get(engine).model_dependent.get("spec_type")
     if spec == "auto" and rule:
         spec = rule.for_model(model.mtp_layers)
     draft = int(settings.get("spec_draft_n_max", 0)) if spec not in ("", "none") else 0
@@ -162,9 +163,13 @@ def cuda_context_bytes(config: StackConfig) -> int:
     return int(mib * MIB)
 
 
-def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int | None = None,
-               cache_types: tuple[str, str] | None = None, gpus: int | None = None) -> Plan:
-    settings = config.engine_settings("llama.cpp")
+def plan_layer_split(config: StackConfig, model: ModelInfo, ctx: int, *, engine: str | None = None,
+                     ubatch: int | None = None, cache_types: tuple[str, str] | None = None,
+                     gpus: int | None = None) -> Plan:
+    """An engine that puts whole layers on each GPU (``plan.memory: layer-split``: llama.cpp), each with its KV
+    cache and compute buffer; the stack's primary also on the GPUs other hosts lend it (stack.rpc_workers)."""
+    engine = engine or config.stack.primary
+    settings = config.engine_settings(engine)
     slots = config.serve.concurrency
     n_gpu = config.hardware.gpus if gpus is None else gpus
     k_type, v_type = cache_types or (settings["cache_type_k"], settings["cache_type_v"])
@@ -177,14 +182,14 @@ def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int |
     plans = [GpuPlan(i, mem, overhead=overhead) for i in range(n_gpu)]
     # other hosts' GPUs (stack.rpc_workers) take whole layers after the local ones, by their own split ratio
     lent = [(name, d) for name, d in zip(hosts.rpc_device_names(config), hosts.lent_devices(config)) if d.gpu] \
-        if n_gpu and config.stack.primary == "llama.cpp" else []
+        if n_gpu and engine == config.stack.primary else []
     split += [d.weight for _, d in lent]
     plans += [GpuPlan(n_gpu + j, int(d.memory_gib * GIB), overhead=overhead, host=d.host, device=name)
               for j, (name, d) in enumerate(lent)]
     if n_gpu == 0:  # CPU: everything in host memory
         host = model.weights_bytes + int(sum(layer_kv_bytes(model, l, ctx, k_type, v_type, slots)
                                              for l in range(model.n_layer)))
-        return Plan("llama.cpp", model.summary(), ctx, [], host, ctx, int(settings["batch"]), ub, slots=slots)
+        return Plan(engine, model.summary(), ctx, [], host, ctx, int(settings["batch"]), ub, slots=slots)
     mode = "layer" if gpus is not None else str(settings["split_mode"])  # "one more GPU" assumes a layer split
     if len(plans) == 1 or mode == "none":
         devices = [0] * (model.n_layer + 1)
@@ -212,10 +217,10 @@ def plan_llama(config: StackConfig, model: ModelInfo, ctx: int, *, ubatch: int |
                 p.weights += int(t.nbytes * share)
         else:
             plans[home].weights += t.nbytes
-    outputs = server_outputs(config, model)
+    outputs = server_outputs(config, model, engine)
     for p in plans:
-        p.compute = compute_bytes(model, ctx, ub, flash, p.index == last, outputs)
-    return Plan("llama.cpp", model.summary(), ctx, plans, host, 0, int(settings["batch"]), ub, slots=slots,
+        p.compute = compute_bytes(model, ctx, ub, flash, p.index == last, outputs, engine)
+    return Plan(engine, model.summary(), ctx, plans, host, 0, int(settings["batch"]), ub, slots=slots,
                 network=rpc_traffic(model, devices, n_gpu, ub) if lent else "")
 
 
@@ -265,9 +270,9 @@ def make_plan(config: StackConfig, model: ModelInfo, engine: str | None = None, 
         if not plan.fits:
             plan.fix = cheapest_fix(config, model, plan, engine)
         return plan
-    plan = plan_llama(config, model, ctx)
-    plan.max_ctx = largest_ctx(config, model)
-    plan.batch, plan.ubatch = recommend_batch(config, model, ctx)
+    plan = plan_layer_split(config, model, ctx, engine=engine)
+    plan.max_ctx = largest_ctx(config, model, engine=engine)
+    plan.batch, plan.ubatch = recommend_batch(config, model, ctx, engine)
     if not plan.fits:
         plan.fix = cheapest_fix(config, model, plan, engine)
     return plan
@@ -278,7 +283,7 @@ def largest_ctx(config: StackConfig, model: ModelInfo, **kw: Any) -> int:
     lo, hi = 0, limit // CTX_STEP
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        p = plan_llama(config, model, mid * CTX_STEP, **kw)
+        p = plan_layer_split(config, model, mid * CTX_STEP, **kw)
         if p.fits:
             lo = mid
         else:
@@ -286,12 +291,13 @@ def largest_ctx(config: StackConfig, model: ModelInfo, **kw: Any) -> int:
     return lo * CTX_STEP if lo else 0
 
 
-def recommend_batch(config: StackConfig, model: ModelInfo, ctx: int) -> tuple[int, int]:
+def recommend_batch(config: StackConfig, model: ModelInfo, ctx: int, engine: str | None = None) -> tuple[int, int]:
     """The seeds' sweet spot (512/512) when it fits, else the largest power of two down to 64."""
+    engine = engine or config.stack.primary
     ub = 512
-    while ub > 64 and not plan_llama(config, model, ctx, ubatch=ub).fits:
+    while ub > 64 and not plan_layer_split(config, model, ctx, engine=engine, ubatch=ub).fits:
         ub //= 2
-    batch = int(config.engine_settings("llama.cpp")["batch"]) if ub == 512 else ub
+    batch = int(config.engine_settings(engine)["batch"]) if ub == 512 else ub
     return batch, ub
 
 
@@ -307,14 +313,14 @@ def cheapest_fix(config: StackConfig, model: ModelInfo, plan: Plan, engine: str)
         fixes.append(f"shorten model.ctx to {plan.max_ctx}")
     if config.serve.concurrency > 1:
         fewer = next((n for n in range(config.serve.concurrency - 1, 0, -1)
-                      if plan_llama(config.model_copy(update={"serve": config.serve.model_copy(
-                          update={"concurrency": n})}), model, plan.ctx).fits), 0)
+                      if plan_layer_split(config.model_copy(update={"serve": config.serve.model_copy(
+                          update={"concurrency": n})}), model, plan.ctx, engine=engine).fits), 0)
         if fewer:
             fixes.append(f"serve fewer requests at once (serve.concurrency: {fewer})")
-    if plan_llama(config, model, plan.ctx, cache_types=("q8_0", "q8_0")).fits:
+    if plan_layer_split(config, model, plan.ctx, engine=engine, cache_types=("q8_0", "q8_0")).fits:
         fixes.append("set cache_type_k/cache_type_v: q8_0 (halves the KV cache)")
     fixes.append(f"a smaller quant (weights must shrink by {short / GIB:.1f} GiB on the fullest GPU)")
-    if plan_llama(config, model, plan.ctx, gpus=config.hardware.gpus + 1).fits:
+    if plan_layer_split(config, model, plan.ctx, engine=engine, gpus=config.hardware.gpus + 1).fits:
         fixes.append(f"one more GPU ({config.hardware.gpus + 1} in total)")
     return "; or ".join(fixes)
 

@@ -71,17 +71,17 @@ def test_seed_kv_figures_are_plausible(model27):
     """Seeds: KV 2-4 GB at 8K, 6-8 GB at 32K; 16 GB cards run a 27B but cramped."""
     config = make_config({"serve": {"concurrency": 1}})  # the seeds' figures are for one request
     m = modelinfo.read(model27)
-    kv8 = sum(g.kv for g in plan.plan_llama(config, m, 8192).gpus)
-    kv32 = sum(g.kv for g in plan.plan_llama(config, m, 32768).gpus)
+    kv8 = sum(g.kv for g in plan.plan_layer_split(config, m, 8192).gpus)
+    kv32 = sum(g.kv for g in plan.plan_layer_split(config, m, 32768).gpus)
     assert 2 * GIB <= kv8 <= 4 * GIB
     assert 6 * GIB <= kv32 <= 8 * GIB
-    cramped = plan.plan_llama(config, m, 32768)
+    cramped = plan.plan_layer_split(config, m, 32768)
     assert all(g.fits for g in cramped.gpus) and max(g.used / g.total for g in cramped.gpus) > 0.65
 
 
 def test_q8_kv_halves_the_cache(model27):
     config = make_config({"engines": {"llama.cpp": {"cache_type_k": "q8_0", "cache_type_v": "q8_0"}}})
-    p = plan.plan_llama(config, modelinfo.read(model27), 16384)
+    p = plan.plan_layer_split(config, modelinfo.read(model27), 16384)
     # q8_0: 34 bytes per 32 values = 1.0625 B per value, K and V: 2.125 B; 4 slots x 32 layers x 16384 x 8 x 128
     assert p.gpus[0].kv == 33 * int(4 * 16384 * 8 * 128 * 2 * 1.0625)
 
@@ -104,13 +104,13 @@ def test_largest_ctx_is_the_boundary(model27):
     config = make_config({"preset": "single-v100-32g", "hardware": {"memory_gib": 16}})
     m = modelinfo.read(model27)
     best = plan.largest_ctx(config, m)
-    assert all(g.fits for g in plan.plan_llama(config, m, best).gpus)
-    assert not all(g.fits for g in plan.plan_llama(config, m, best + plan.CTX_STEP).gpus)
+    assert all(g.fits for g in plan.plan_layer_split(config, m, best).gpus)
+    assert not all(g.fits for g in plan.plan_layer_split(config, m, best + plan.CTX_STEP).gpus)
 
 
 def test_tensor_split_ratios(model27):
     config = make_config({"engines": {"llama.cpp": {"tensor_split": [3, 1]}}})
-    p = plan.plan_llama(config, modelinfo.read(model27), 4096)
+    p = plan.plan_layer_split(config, modelinfo.read(model27), 4096)
     # il / 65 < 0.75 for il <= 48: 49 layers on GPU 0, 15 on GPU 1
     assert [len(g.layers) for g in p.gpus] == [49, 15]
     # 4 layers + output over [1, 1]: il / 5 = 0, 0.2, 0.4 on GPU 0; 0.6, 0.8 (the output layer) on GPU 1
@@ -121,9 +121,9 @@ def test_tensor_split_ratios(model27):
 
 def test_row_and_tensor_split(model27):
     m = modelinfo.read(model27)
-    layer_mode = plan.plan_llama(make_config({}), m, 4096)
-    row = plan.plan_llama(make_config({"engines": {"llama.cpp": {"split_mode": "row"}}}), m, 4096)
-    tensor = plan.plan_llama(make_config({"engines": {"llama.cpp": {"split_mode": "tensor"}}}), m, 4096)
+    layer_mode = plan.plan_layer_split(make_config({}), m, 4096)
+    row = plan.plan_layer_split(make_config({"engines": {"llama.cpp": {"split_mode": "row"}}}), m, 4096)
+    tensor = plan.plan_layer_split(make_config({"engines": {"llama.cpp": {"split_mode": "tensor"}}}), m, 4096)
     # row: matrices split in half over both GPUs, norms and the KV cache stay with the layer's GPU (33 + 31)
     norms = 2 * 5120 * 4  # attn_norm + ffn_norm, f32
     matrices = expected_weights({**SHAPES_27B, "n_layer": 1}) - expected_weights({**SHAPES_27B, "n_layer": 0}) - norms
@@ -209,8 +209,8 @@ def test_ctx_auto_renders_the_planned_context(tmp_path):
     # the largest per-request context with 4 slots: it fits and one step more does not
     m = modelinfo.read(tmp_path / "Qwen3.8-27B-IQ4_XS.gguf")
     assert chosen % 256 == 0 and 16384 < chosen < 40960
-    assert all(g.fits for g in plan.plan_llama(config, m, chosen).gpus)
-    assert not all(g.fits for g in plan.plan_llama(config, m, chosen + 256).gpus)
+    assert all(g.fits for g in plan.plan_layer_split(config, m, chosen).gpus)
+    assert not all(g.fits for g in plan.plan_layer_split(config, m, chosen + 256).gpus)
     missing = make_config({"model": {"ctx": "auto", "dir": str(tmp_path / "nope")}})
     with pytest.raises(KitError) as err:
         serving.command(missing, "llama.cpp")
@@ -289,7 +289,7 @@ def test_compute_buffer_matches_llama_cpp_log_on_h200(model27):
         assert abs(planned / MiB - mib) <= 0.02, (ctx, ubatch, flash, planned / MiB, mib)
     # the plan asks for one output per slot: 4 slots' logits (2.3 MiB) fit in what the layers freed
     config = make_config({"preset": "single-v100-32g"})
-    assert plan.plan_llama(config, m, 16384).gpus[0].compute == by_hand[(16384, 512, True)]
+    assert plan.plan_layer_split(config, m, 16384).gpus[0].compute == by_hand[(16384, 512, True)]
     # a whole batch of outputs (embeddings) would not: 151936 x 512 x 4 B = 297 MiB > the FFN's 156
     assert plan.compute_bytes(m, 16384, 512, True, True, 512) == 151936 * 512 * 4 + 16384 * 512 * 2
 
@@ -345,7 +345,7 @@ def test_host_bandwidth_is_measured():
 def test_v_cache_has_its_own_type(model27):
     """K f16 and V q8_0: 2 + 1.0625 bytes per value, not K's type twice (a mutation that survived before)."""
     config = make_config({"engines": {"llama.cpp": {"cache_type_k": "f16", "cache_type_v": "q8_0"}}})
-    p = plan.plan_llama(config, modelinfo.read(model27), 16384)
+    p = plan.plan_layer_split(config, modelinfo.read(model27), 16384)
     # 4 slots x 16384 tokens x 8 KV heads x 128 x (2 + 1.0625) bytes, per layer; 33 layers on GPU 0
     assert p.gpus[0].kv == 33 * int(4 * 16384 * 8 * 128 * (2 + 1.0625))
 
@@ -355,8 +355,8 @@ def test_recommend_batch_shrinks_when_512_does_not_fit(model27):
     90,177,536 B), so a card 43 MiB short at 512 fits at 256."""
     m = modelinfo.read(model27)
     single = {"preset": "single-v100-32g"}
-    used_512 = plan.plan_llama(make_config(single), m, 16384, ubatch=512).gpus[0].used
-    used_256 = plan.plan_llama(make_config(single), m, 16384, ubatch=256).gpus[0].used
+    used_512 = plan.plan_layer_split(make_config(single), m, 16384, ubatch=512).gpus[0].used
+    used_256 = plan.plan_layer_split(make_config(single), m, 16384, ubatch=256).gpus[0].used
     assert used_512 - used_256 == 90_177_536
     short = make_config({**single, "hardware": {"memory_gib": (used_512 - 43 * 2**20) / GIB}})
     assert plan.recommend_batch(short, m, 16384) == (256, 256)
@@ -369,7 +369,7 @@ def test_three_uneven_gpus_get_layers_as_llama_cpp_assigns_them(model27):
     (33-63 and the output layer) on GPU 2."""
     config = make_config({"hardware": {"gpus": 3, "device_ids": ["0", "1", "2"]},
                           "engines": {"llama.cpp": {"tensor_split": [1, 1, 2]}}})
-    p = plan.plan_llama(config, modelinfo.read(model27), 4096)
+    p = plan.plan_layer_split(config, modelinfo.read(model27), 4096)
     assert [len(g.layers) for g in p.gpus] == [17, 16, 31]
     assert p.gpus[0].layers[-1] == 16 and p.gpus[1].layers == list(range(17, 33))
     assert plan.assign_layers(64, [1, 1, 2])[64] == 2  # the output layer
@@ -377,7 +377,7 @@ def test_three_uneven_gpus_get_layers_as_llama_cpp_assigns_them(model27):
 
 def test_split_mode_none_keeps_everything_on_one_gpu(model27):
     config = make_config({"engines": {"llama.cpp": {"split_mode": "none"}}})
-    p = plan.plan_llama(config, modelinfo.read(model27), 4096)
+    p = plan.plan_layer_split(config, modelinfo.read(model27), 4096)
     assert [len(g.layers) for g in p.gpus] == [64, 0] and p.gpus[1].weights == 0 and p.gpus[1].kv == 0
 
 
@@ -387,7 +387,7 @@ def test_split_mode_none_keeps_everything_on_one_gpu(model27):
 def test_flash_attention_setting_decides_the_scores(model27, value, flash):
     m = modelinfo.read(model27)
     config = make_config({"preset": "single-v100-32g", "engines": {"llama.cpp": {"flash_attn": value}}})
-    compute = plan.plan_llama(config, m, 16384).gpus[0].compute
+    compute = plan.plan_layer_split(config, m, 16384).gpus[0].compute
     assert compute == plan.compute_bytes(m, 16384, 512, flash, True, 4)
     # by hand: on = 172 MiB, off = 1356 MiB (llama.cpp's log on the H200, 4 x 16384, ubatch 512)
     assert compute == (180_355_072 if flash else 1_421_869_056)
@@ -402,7 +402,7 @@ def test_unknown_kv_cache_type_names_its_own_field(model27):
             assert exc.field == f"engines.llama.cpp.{key}", exc.line()
             continue
         with pytest.raises(KitError) as err:
-            plan.plan_llama(config, m, 4096)
+            plan.plan_layer_split(config, m, 4096)
         assert err.value.field == f"engines.llama.cpp.{key}" and "q9_9" in err.value.problem
 
 

@@ -65,7 +65,7 @@ def test_layer_split_per_gpu_bytes():
     Compute (n_ff 512, n_embd 256, K/V width 128): mask 1024 x 512 x 2 = 1048576; FFN 512 x 4 x (3 x 512 + 3 x 256)
     = 4718592; attention 512 x 4 x (4 x 256 + 2 x 128) = 2621440; logits on the last GPU: 400000 x 4 outputs x 4 B
     = 6400000. GPU 0: 4718592 + 1048576 = 5767168; GPU 1: 6400000 + 1048576 = 7448576."""
-    got = plan.plan_llama(config(), toy(), 1024).as_dict()
+    got = plan.plan_layer_split(config(), toy(), 1024).as_dict()
     assert got["gpus"] == [gpu(0, 201330688, 6291456, 5767168, [0, 1, 2]),
                            gpu(1, 75497472, 2097152, 7448576, [3])]
     assert {k: got[k] for k in ("engine", "ctx", "host_bytes", "max_ctx", "batch", "ubatch", "kv_tokens", "slots",
@@ -79,9 +79,9 @@ def test_sliding_window_layers_keep_their_window():
     1, 2): 1 + 1 + 2 MiB = 4194304; GPU 1 (layer 3): 2 MiB. On the CPU (2 slots of 2048): 2 x 512 x 512 B = 0.5 MiB
     for each window layer, 2 x 2048 x 512 B = 2 MiB for the others: 5 MiB = 5242880 beside 277877760 of weights."""
     swa = toy(swa_layers=(0, 1))
-    assert [g.kv for g in plan.plan_llama(config(), swa, 1024).gpus] == [4194304, 2097152]
+    assert [g.kv for g in plan.plan_layer_split(config(), swa, 1024).gpus] == [4194304, 2097152]
     cpu = cpu_config()
-    assert plan.plan_llama(cpu, swa, 2048).host_bytes == 277877760 + 5242880
+    assert plan.plan_layer_split(cpu, swa, 2048).host_bytes == 277877760 + 5242880
 
 
 def test_layers_follow_llama_cpps_float32_shares():
@@ -97,9 +97,9 @@ def test_row_split_cuts_matrices_but_not_norms_and_tensor_split_cuts_everything(
     with layer 0 (GPU 0: 138416128); the KV stays with each layer's GPU (6 MiB / 2 MiB, as for layer).
     tensor: everything is halved, the norm too: (4 x 64 MiB + 8 MiB + 4 KiB) / 2 = 138414080 on each GPU, and so is
     the KV: 4 layers x 2 MiB / 2 = 4194304."""
-    row = plan.plan_llama(config(llama={"split_mode": "row"}), toy(), 1024)
+    row = plan.plan_layer_split(config(llama={"split_mode": "row"}), toy(), 1024)
     assert [(g.weights, g.kv) for g in row.gpus] == [(138416128, 6291456), (138412032, 2097152)]
-    tensor = plan.plan_llama(config(llama={"split_mode": "tensor"}), toy(), 1024)
+    tensor = plan.plan_layer_split(config(llama={"split_mode": "tensor"}), toy(), 1024)
     assert [(g.weights, g.kv) for g in tensor.gpus] == [(138414080, 4194304), (138414080, 4194304)]
 
 
@@ -107,7 +107,7 @@ def test_cpu_plan_is_all_host_memory():
     """No GPU: weights (4 x 64 MiB + 8 MiB + 1 MiB + 1 KiB + 4 KiB = 277877760) plus the KV of 4 layers x 2 slots
     x 2048 tokens x 512 B = 8 MiB = 8388608: 286267392 bytes on the host; the plan serves its own context."""
     cpu = cpu_config()
-    got = plan.plan_llama(cpu, toy(), 2048).as_dict()
+    got = plan.plan_layer_split(cpu, toy(), 2048).as_dict()
     assert got["gpus"] == [] and got["host_bytes"] == 277877760 + 8388608
     assert (got["engine"], got["ctx"], got["max_ctx"], got["batch"], got["ubatch"], got["slots"]) == \
         ("llama.cpp", 2048, 2048, 512, 512, 2)

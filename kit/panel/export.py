@@ -18,6 +18,7 @@ import yaml
 
 from kit import catalog, containerspec, imagetag, paths, resolve, serving, templating
 from kit.config import StackConfig
+from kit.errors import KitError
 from kit.panel import logo
 
 # Port field: 1Panel checks every param whose key contains PANEL_APP_PORT against ports in use.
@@ -29,11 +30,18 @@ def facts() -> dict[str, Any]:
     return yaml.safe_load((paths.images_dir() / "1panel.yaml").read_text(encoding="utf-8"))
 
 
+# where a language's text comes from when an engine's panel: does not give it (en and zh are required)
+FALLBACK = {"zh-hant": "zh-Hant", "zh-Hant": "zh"}
+
+
 def localized(texts: dict[str, str]) -> dict[str, str]:
-    """Every language 1Panel reads; zh-hant mirrors zh-Hant."""
+    """Every language 1Panel reads: zh-hant mirrors zh-Hant, which falls back to zh; any other missing one to en."""
     out = {}
     for lang in facts()["languages"]:
-        out[lang] = texts["zh-Hant"] if lang == "zh-hant" else texts[lang]
+        source = lang
+        while source not in texts:
+            source = FALLBACK.get(source, "en")
+        out[lang] = texts[source]
     return out
 
 
@@ -132,18 +140,18 @@ def compose_for(config: StackConfig, name: str, key: str) -> dict[str, Any]:
 
 
 def app_data(config: StackConfig, name: str) -> dict[str, Any]:
-    info = facts()["apps"][name]
-    base = facts()["app"]
     engine = catalog.get(name)
-    description = localized(info["description"])
+    info = panel_app(name)
+    base = facts()["app"]
+    description = localized(info.description)
     return {
-        "name": info["name"],
+        "name": info.name,
         "tags": list(base["tags"]),
         "title": description["zh"],
         "description": description["zh"],
         "additionalProperties": {
-            "key": info["key"],
-            "name": info["name"],
+            "key": info.key,
+            "name": info.name,
             "tags": list(base["tags"]),
             "shortDescZh": description["zh"],
             "shortDescEn": description["en"],
@@ -155,7 +163,7 @@ def app_data(config: StackConfig, name: str) -> dict[str, Any]:
             "batchInstallSupport": base["batchInstallSupport"],
             "website": engine.homepage or "https://github.com/",
             "github": engine.source.git or engine.homepage or "https://github.com/",
-            "document": info["document"] or engine.homepage or "https://github.com/",
+            "document": info.document or engine.homepage or "https://github.com/",
             "gpuSupport": base["gpuSupport"],
             "memoryRequired": base["memoryRequired"],
             "architectures": list(base["architectures"]),
@@ -177,14 +185,14 @@ def _mtp_args(config: StackConfig, name: str) -> str:
 
 
 def app_files(config: StackConfig, name: str) -> dict[str, str | bytes]:
-    info = facts()["apps"][name]
-    key = info["key"]
+    info = panel_app(name)
+    key = info.key
     version = version_name(config, name)
     engine = catalog.get(name)
     gpu = resolve.gpu(config, name)
     readme_ctx = {
-        "name": info["name"],
-        "description": localized(info["description"]),
+        "name": info.name,
+        "description": localized(info.description),
         "image": imagetag.image_tag(config, name),
         "archs": ", ".join(f"sm_{a}" for a in config.hardware.archs) if gpu else "CPU",
         "nccl": config.nccl.version if gpu else "",
@@ -197,7 +205,7 @@ def app_files(config: StackConfig, name: str) -> dict[str, str | bytes]:
     }
     return {
         f"{key}/data.yml": _yaml(app_data(config, name)),
-        f"{key}/logo.png": logo.png(tuple(info.get("logo_rgb", (60, 60, 60)))),
+        f"{key}/logo.png": logo.png(tuple(info.logo_rgb)),
         f"{key}/README.md": templating.render("1panel/README.md.j2", readme_ctx),
         f"{key}/README_en.md": templating.render("1panel/README_en.md.j2", readme_ctx),
         f"{key}/{version}/data.yml": _yaml({"additionalProperties": {"formFields": form_fields(config, name)}}),
@@ -215,12 +223,20 @@ def export_files(config: StackConfig, names: list[str] | None = None) -> dict[st
 
 def runnable_apps(config: StackConfig) -> list[str]:
     """Engines with a 1Panel entry that can run on this stack: a GPU flavor needs GPUs (a cpu stack gets no vLLM)."""
-    return [name for name in facts()["apps"]
-            if config.hardware.gpus > 0 or not catalog.get(name).flavors[resolve.flavor(config, name)].gpu]
+    return [name for name, engine in catalog.all_engines().items() if engine.panel is not None
+            and (config.hardware.gpus > 0 or not engine.flavors[resolve.flavor(config, name)].gpu)]
+
+
+def panel_app(name: str) -> catalog.PanelApp:
+    app = catalog.get(name).panel
+    if app is None:
+        raise KitError(f"images/{name}.yaml", "has no panel: section, so it has no 1Panel app",
+                       "add panel: (key, name, description) to the engine's YAML")
+    return app
 
 
 def app_key(name: str) -> str:
-    return facts()["apps"][name]["key"]
+    return panel_app(name).key
 
 
 __all__ = ["export_files", "app_files", "app_key", "version_name"]
