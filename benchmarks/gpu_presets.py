@@ -54,7 +54,7 @@ def prepare(folder: Path, source: Path) -> None:
     default = presets["dual-v100-nvlink"]
     old = _without(default, "--parallel", "--kv-unified-per-slot") + ["--ctx-size", "16384", "--parallel", "1"]
     # the two compiles exactly as the image's Dockerfile runs them (core without CUDA, then the CUDA module)
-    facts = dockerfile.context(cfg.from_dict({"preset": "dual-v100-nvlink"}), "llama.cpp", ca_bundle=False)
+    facts = dockerfile.template_values(cfg.from_dict({"preset": "dual-v100-nvlink"}), "llama.cpp", ca_bundle=False)
     builds = {"core": {"flags": facts["cmake_flags"], "targets": facts["targets"], "files": None},
               "backend": {"flags": facts["backend"]["cmake_flags"], "targets": [facts["backend"]["target"]],
                           "files": facts["backend"]["files"]}}

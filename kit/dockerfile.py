@@ -50,7 +50,7 @@ def _debian_toolkit(cuda: str) -> dict[str, Any]:
     return toolkit
 
 
-def nccl_facts(config: StackConfig, name: str) -> dict[str, Any]:
+def nccl_values(config: StackConfig, name: str) -> dict[str, Any]:
     cuda = engine_cuda_version(config, name)
     root = "/opt/kit/nccl/nvidia/nccl"
     apt = config.nccl.source == "apt"
@@ -76,7 +76,7 @@ def _new(have: list[str], wanted: list[str]) -> list[str]:
 
 class Recipe:
     """One engine's Dockerfile for one stack, after repo2docker's BuildPack: each hook decides one part once (cached),
-    ``context()`` gathers them for the template ``templates/dockerfile/<name>.Dockerfile.j2`` and ``files()`` is
+    ``template_values()`` gathers them for the template ``templates/dockerfile/<name>.Dockerfile.j2`` and ``files()`` is
     the build folder. A recipe differs from another only in the hooks it overrides; adding one is a subclass and a
     template."""
 
@@ -120,7 +120,7 @@ class Recipe:
 
     @cached_property
     def nccl(self) -> dict[str, Any] | None:
-        return nccl_facts(self.config, self.engine.name) if self.gpu else None
+        return nccl_values(self.config, self.engine.name) if self.gpu else None
 
     @cached_property
     def cuda(self) -> dict[str, Any]:
@@ -246,7 +246,7 @@ class Recipe:
 
     # ---- what the template and the build folder read
 
-    def context(self) -> dict[str, Any]:
+    def template_values(self) -> dict[str, Any]:
         engine, config, settings = self.engine, self.config, self.settings
         return {
             "kit_version": __version__,
@@ -284,7 +284,7 @@ class Recipe:
         """Relative path -> text (or a host file to copy) for ``images/<engine>/``."""
         from kit import paths, templating
 
-        ctx = self.context()
+        ctx = self.template_values()
         files: dict[str, str | Path] = {
             "Dockerfile": templating.render(f"dockerfile/{self.name}.Dockerfile.j2", ctx),
             "kit/manifest.json": json.dumps(ctx["manifest"], indent=2) + "\n",
@@ -342,9 +342,9 @@ def recipe(config: StackConfig, name: str, ca_bundle: bool) -> Recipe:
     return RECIPES[catalog.get(name).recipe](config, name, ca_bundle)
 
 
-def context(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
+def template_values(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:
     """The template variables of engine ``name``'s Dockerfile."""
-    return recipe(config, name, ca_bundle).context()
+    return recipe(config, name, ca_bundle).template_values()
 
 
 def render_files(config: StackConfig, name: str) -> dict[str, str | Path]:

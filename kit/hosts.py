@@ -38,7 +38,7 @@ class Target:
     worker: bool = False  # lends its devices to the primary (rpc-server) instead of running a replica
 
     @property
-    def context(self) -> str:
+    def docker_context(self) -> str:
         """A Docker context's name, when the endpoint is one."""
         return self.docker if self.docker and "://" not in self.docker else ""
 
@@ -46,8 +46,8 @@ class Target:
         """What the docker and compose CLIs need to reach this host (added to the environment)."""
         if not self.docker:
             return {}
-        if self.context:
-            return {"DOCKER_CONTEXT": self.context}
+        if self.docker_context:
+            return {"DOCKER_CONTEXT": self.docker_context}
         env = {"DOCKER_HOST": self.docker}
         if self.tls:
             env.update(DOCKER_TLS_VERIFY="1", DOCKER_CERT_PATH=self.tls)
@@ -191,7 +191,7 @@ def client(target: Target) -> Any:
     import docker
     from docker.errors import DockerException
 
-    base_url, tls_dir = context_endpoint(target) if target.context else (target.docker, target.tls)
+    base_url, tls_dir = context_endpoint(target) if target.docker_context else (target.docker, target.tls)
     try:
         tls: Any = False
         if tls_dir:
@@ -218,9 +218,9 @@ def context_endpoint(target: Target) -> tuple[str, str]:
     import json
     import subprocess
 
-    found = subprocess.run(["docker", "context", "inspect", target.context], capture_output=True, text=True)
+    found = subprocess.run(["docker", "context", "inspect", target.docker_context], capture_output=True, text=True)
     if found.returncode != 0:
-        raise KitError(f"hosts[{target.index}].docker", f"no Docker context named {target.context!r}",
+        raise KitError(f"hosts[{target.index}].docker", f"no Docker context named {target.docker_context!r}",
                        "create it with `docker context create`, or write the endpoint (ssh://user@host)")
     (data,) = json.loads(found.stdout)
     material = (data.get("TLSMaterial") or {}).get("docker") or []

@@ -18,9 +18,9 @@ from kit.config import StackConfig
 from kit.errors import KitError
 from kit.versions import at_least, is_version
 
-Facts = dict[str, Any]
+Fields = dict[str, Any]
 # A check returns None when the rule holds, or the values its message needs.
-Check = Callable[[Facts, dict[str, Any]], dict[str, Any] | None]
+Check = Callable[[Fields, dict[str, Any]], dict[str, Any] | None]
 
 _MISSING = object()
 CHECKS: dict[str, Check] = {}
@@ -36,9 +36,9 @@ def table() -> list[dict[str, Any]]:
     return yaml.safe_load((paths.images_dir() / "rules.yaml").read_text(encoding="utf-8"))["rules"]
 
 
-def facts(config: StackConfig) -> Facts:
+def fields(config: StackConfig) -> Fields:
     """The config as flat dotted paths; engine settings only for the engines in the stack."""
-    flat: Facts = {}
+    flat: Fields = {}
     dumped = config.model_dump(exclude={"engines"})
     for section, values in dumped.items():
         if isinstance(values, dict):
@@ -51,7 +51,7 @@ def facts(config: StackConfig) -> Facts:
     return flat
 
 
-def min_arch(f: Facts) -> int | None:
+def min_arch(f: Fields) -> int | None:
     archs = [a for a in f.get("hardware.archs", []) if isinstance(a, int)]
     return min(archs) if archs else None
 
@@ -61,7 +61,7 @@ def _version_text(value: Any) -> str:
 
 
 @check
-def version_at_least_with_arch_below(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+def version_at_least_with_arch_below(f: Fields, p: dict[str, Any]) -> dict[str, Any] | None:
     value, arch = f.get(p["field"], _MISSING), min_arch(f)
     if value is _MISSING or arch is None or arch >= p["arch_below"] or not is_version(_version_text(value)):
         return None
@@ -71,7 +71,7 @@ def version_at_least_with_arch_below(f: Facts, p: dict[str, Any]) -> dict[str, A
 
 
 @check
-def value_in_with_arch_below(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+def value_in_with_arch_below(f: Fields, p: dict[str, Any]) -> dict[str, Any] | None:
     """A value that drops the arch; with ``version_field`` only from ``version_min`` of that version on."""
     value, arch = f.get(p["field"], _MISSING), min_arch(f)
     if value is _MISSING or arch is None or arch >= p["arch_below"] or value not in p["values"]:
@@ -83,7 +83,7 @@ def value_in_with_arch_below(f: Facts, p: dict[str, Any]) -> dict[str, Any] | No
 
 
 @check
-def value_never(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+def value_never(f: Fields, p: dict[str, Any]) -> dict[str, Any] | None:
     for value in f.get(p["field"], []):
         if isinstance(value, str) and value.strip().lower() in p["values"]:
             return {"value": value}
@@ -91,7 +91,7 @@ def value_never(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @check
-def all_in(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+def all_in(f: Fields, p: dict[str, Any]) -> dict[str, Any] | None:
     for value in f.get(p["field"], []):
         if value not in p["values"]:
             return {"value": value}
@@ -99,17 +99,17 @@ def all_in(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @check
-def gpu_needs_archs(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+def gpu_needs_archs(f: Fields, p: dict[str, Any]) -> dict[str, Any] | None:
     return {} if _gpu_engines(f) and not f.get("hardware.archs") else None
 
 
 @check
-def gpu_flavor_needs_gpus(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+def gpu_flavor_needs_gpus(f: Fields, p: dict[str, Any]) -> dict[str, Any] | None:
     gpu = _gpu_engines(f)
     return {"other": gpu[0]} if gpu and f.get("hardware.gpus") == 0 else None
 
 
-def _gpu_engines(f: Facts) -> list[str]:
+def _gpu_engines(f: Fields) -> list[str]:
     engines = catalog.all_engines()
     out = []
     for name in f["engines.in_use"]:
@@ -120,7 +120,7 @@ def _gpu_engines(f: Facts) -> list[str]:
 
 
 @check
-def length_matches(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+def length_matches(f: Fields, p: dict[str, Any]) -> dict[str, Any] | None:
     value, other = f.get(p["field"], _MISSING), f.get(p["other"], _MISSING)
     if value is _MISSING or other is _MISSING or not isinstance(value, list):
         return None
@@ -134,14 +134,14 @@ def length_matches(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @check
-def requires(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+def requires(f: Fields, p: dict[str, Any]) -> dict[str, Any] | None:
     if f.get(p["field"]) == p["value"] and f.get(p["other"]) != p["need"]:
         return {"value": p["value"], "other": f.get(p["other"])}
     return None
 
 
 @check
-def version_between(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+def version_between(f: Fields, p: dict[str, Any]) -> dict[str, Any] | None:
     if f.get(p["when_field"]) != p["when"]:
         return None
     value = _version_text(f.get(p["field"], ""))
@@ -151,7 +151,7 @@ def version_between(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @check
-def debian_packages_cuda(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+def debian_packages_cuda(f: Fields, p: dict[str, Any]) -> dict[str, Any] | None:
     """cuda.source: debian needs a CUDA version some Debian release packages (images/cuda.yaml), and archs that
     toolkit can compile."""
     from kit import cudasource
@@ -173,7 +173,7 @@ def debian_packages_cuda(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @check
-def no_url_credentials(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
+def no_url_credentials(f: Fields, p: dict[str, Any]) -> dict[str, Any] | None:
     for field in p["fields"]:
         value = str(f.get(field) or "")
         url = value if "://" in value else f"https://{value}"
@@ -184,7 +184,7 @@ def no_url_credentials(f: Facts, p: dict[str, Any]) -> dict[str, Any] | None:
 
 def validate(config: StackConfig) -> None:
     """Raise the first broken rule as a KitError (one line: field, problem, fix)."""
-    f = facts(config)
+    f = fields(config)
     for rule in table():
         found = CHECKS[rule["check"]](f, rule["params"])
         if found is not None:

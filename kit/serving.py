@@ -15,7 +15,7 @@ MODEL_MOUNT = "/models"
 LISTEN = "0.0.0.0"  # inside a container: every interface of its own network namespace (compose publishes the port)
 
 
-def context(config: StackConfig, name: str, *, model_dir: str = MODEL_MOUNT, host: str = LISTEN,
+def flag_values(config: StackConfig, name: str, *, model_dir: str = MODEL_MOUNT, host: str = LISTEN,
             port: int | None = None) -> dict[str, Any]:
     """Values the flag templates may use: the resolved engine settings plus stack facts. ``model_dir``, ``host`` and
     ``port`` place the engine elsewhere than in its container (``kit tune --exec`` starts the binary on this host)."""
@@ -73,7 +73,7 @@ def command(config: StackConfig, name: str, **place: Any) -> list[str]:
     """The argv after the entrypoint, one list item per token (so paths with spaces survive); ``place`` as in
     ``context``."""
     engine = catalog.get(name)
-    ctx = context(config, name, **place)
+    ctx = flag_values(config, name, **place)
     formatted = {k: _format(v) for k, v in ctx.items()}
     argv: list[str] = []
     for arg in engine.serve.args:
@@ -91,7 +91,7 @@ def command(config: StackConfig, name: str, **place: Any) -> list[str]:
 
 def environment(config: StackConfig, name: str) -> dict[str, str]:
     engine = catalog.get(name)
-    formatted = {k: _format(v) for k, v in context(config, name).items()}
+    formatted = {k: _format(v) for k, v in flag_values(config, name).items()}
     return {key: value.format(**formatted) for key, value in engine.serve.env.items()}
 
 

@@ -112,7 +112,7 @@ def run(raw: dict[str, Any], runner: Runner, *, engine: str | None = None,
         return tunespace.rejected(config, name, space)
 
     def applies(setting: str, point: dict[str, Any]) -> bool:
-        return tunespace.applies(space, setting, serving.context(config_at(point), name))
+        return tunespace.applies(space, setting, serving.flag_values(config_at(point), name))
 
     deadline = time.monotonic() + budget_s
     settings = Settings(goal=spec["goal"], noise=float(knobs["noise"]), repeats=int(knobs["repeats"]),

@@ -122,7 +122,7 @@ def test_runtime_nccl_mismatch_fails_the_build(cuda_stage_images, tmp_path):
 
 def test_verify_catches_mismatch_made_without_the_check(cuda_stage_images, docker_ready, tmp_path):
     config, _, runtime_base = cuda_stage_images
-    manifest = dockerfile.context(config, "llama.cpp", ca_bundle=False)["manifest"]
+    manifest = dockerfile.template_values(config, "llama.cpp", ca_bundle=False)["manifest"]
     manifest["nccl_builder"] = "2.27.3"
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     (tmp_path / "Dockerfile").write_text(

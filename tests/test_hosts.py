@@ -81,8 +81,8 @@ def test_each_endpoint_kind_gives_the_clis_what_docker_reads():
     assert ssh.env() == {"DOCKER_HOST": "ssh://kit@10.0.0.2"}
     assert tls.env() == {"DOCKER_HOST": "tcp://10.0.0.2:2376", "DOCKER_TLS_VERIFY": "1",
                          "DOCKER_CERT_PATH": "/etc/kit/tls"}
-    assert context.env() == {"DOCKER_CONTEXT": "box2"} and context.context == "box2"
-    assert local.env() == {} and ssh.context == ""
+    assert context.env() == {"DOCKER_CONTEXT": "box2"} and context.docker_context == "box2"
+    assert local.env() == {} and ssh.docker_context == ""
 
 
 def test_no_hosts_is_one_host_this_machine():

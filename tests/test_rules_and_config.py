@@ -235,7 +235,7 @@ def test_debian_cuda_version_picks_the_release_and_its_compiler():
     for version, suite, compiler, runtime in (("11.8.0", "bookworm", "g++-11", "libcudart11.0"),
                                               ("12.4.1", "trixie", "g++-13", "libcudart12")):
         config = make_config({"cuda": {"source": "debian", "version": version}, "nccl": {"source": "pip"}})
-        ctx = dockerfile.context(config, "llama.cpp", ca_bundle=False)
+        ctx = dockerfile.template_values(config, "llama.cpp", ca_bundle=False)
         assert dockerfile.base_images(config, "llama.cpp", True) == {"builder": f"debian:{suite}-slim",
                                                                      "runtime": f"debian:{suite}-slim"}
         assert ("CMAKE_CUDA_HOST_COMPILER", compiler) in ctx["backend"]["cmake_flags"]
@@ -269,7 +269,7 @@ def test_rule_facts_carry_only_the_stacks_engines():
     and nothing of vLLM or NInfer, so a vLLM rule cannot fire on it."""
     from kit import rules as rules_module
 
-    flat = rules_module.facts(make_config({"engines": {"vllm": {"gpu_memory_utilization": 0.8}}}))
+    flat = rules_module.fields(make_config({"engines": {"vllm": {"gpu_memory_utilization": 0.8}}}))
     assert flat["engines.in_use"] == ["llama.cpp"]
     assert flat["engines.llama.cpp.flavor"] == "cuda" and flat["hardware.archs"] == [70]
     assert not [k for k in flat if k.startswith(("engines.vllm", "engines.ninfer"))]

@@ -23,7 +23,7 @@ def flag(argv: list[str], name: str) -> str | None:
 def test_llama_names_its_gpus(data, devices):
     config = make_config(data)
     assert flag(serving.command(config, "llama.cpp"), "--device") == devices
-    assert serving.context(config, "llama.cpp")["devices"] == (devices.split(",") if devices else [])
+    assert serving.flag_values(config, "llama.cpp")["devices"] == (devices.split(",") if devices else [])
 
 
 @pytest.mark.parametrize("preset,tp", [("dual-v100-nvlink", "2"), ("single-v100-32g", None)])
@@ -31,7 +31,7 @@ def test_vllm_splits_tensors_only_over_several_gpus(preset, tp):
     config = make_config({"preset": preset, "stack": {"primary": "vllm"}})
     argv = serving.command(config, "vllm")
     assert flag(argv, "--tensor-parallel-size") == tp
-    assert serving.context(config, "vllm")["multi_gpu"] is (tp is not None)
+    assert serving.flag_values(config, "vllm")["multi_gpu"] is (tp is not None)
 
 
 def test_extra_args_come_last_as_strings():
@@ -72,7 +72,7 @@ def test_the_default_stack_argv_by_hand(tmp_path):
     # kit tune --exec places the same engine on this host: the model folder, address and port change, nothing else
     here = serving.command(config, "llama.cpp", model_dir="/srv/models", host="127.0.0.1", port=9999)
     assert here[:6] == ["--model", "/srv/models/Qwen3.8-27B-IQ4_XS.gguf", "--host", "127.0.0.1", "--port", "9999"]
-    context = serving.context(config, "llama.cpp")
+    context = serving.flag_values(config, "llama.cpp")
     assert {k: context[k] for k in ("model_path", "model_name", "ctx", "slots", "host", "port", "gpus", "gpu",
                                     "multi_gpu", "devices", "speculative", "spec_type")} == {
         "model_path": "/models/Qwen3.8-27B-IQ4_XS.gguf", "model_name": "qwen3.8-27b", "ctx": 16384, "slots": 4,

@@ -79,7 +79,7 @@ def form_fields(config: StackConfig, name: str) -> list[dict[str, Any]]:
         _field(PORT, config.serve.port, "number", rule="paramPort"),
         _field("MODEL_DIR", "/opt/models", "text"),
         _field("MODEL_FILE", resolve.model_file(config, name), "text"),
-        _field("CONTEXT_LENGTH", serving.context(config, name)["ctx"], "number"),
+        _field("CONTEXT_LENGTH", serving.flag_values(config, name)["ctx"], "number"),
     ]
     if gpu:
         for i, (key, device) in enumerate(zip(gpu_field_keys(config), config.hardware.device_ids)):
@@ -98,7 +98,7 @@ def command_string(config: StackConfig, name: str) -> str:
     shell (the entrypoint stays the engine binary). The model path is double-quoted, so a file name with spaces
     stays one argument; EXTRA_ARGS is last and may hold several flags.
     """
-    ctx = serving.context(config, name)
+    ctx = serving.flag_values(config, name)
     model_path = ctx["model_path"]
     argv = serving.command(config, name)
     ctx_flags = {a.flag for a in catalog.get(name).serve.args if a.value == "{ctx}"}
