@@ -44,3 +44,22 @@ def test_values_that_need_quotes_are_quoted(tmp_path):
     for value in ("yes", "1.5", "a: b", "#x", "hf:org/repo@v1"):
         set_field(path, "model", "file", value)
         assert yaml.safe_load(path.read_text())["model"]["file"] == value, path.read_text()
+
+
+@pytest.mark.parametrize("before,after", [
+    # a new key in a block: a list is written in flow style on its own line, with kit's comment
+    ("engines:\n  llama.cpp:\n    ubatch: 512  # mine\n",
+     "engines:\n  llama.cpp:\n    tensor_split: [3, 1]  # kit tune\n    ubatch: 512  # mine\n"),
+    # an existing list: replaced on its line, the comment given replaces the user's
+    ("engines:\n  llama.cpp:\n    tensor_split: [1, 1]  # mine\n",
+     "engines:\n  llama.cpp:\n    tensor_split: [3, 1]  # kit tune\n"),
+    # inside a flow mapping: the mapping is rewritten in flow style on its line
+    ("engines: {llama.cpp: {ubatch: 512}}\n", "engines: {llama.cpp: {tensor_split: [3, 1], ubatch: 512}}\n"),
+])
+def test_a_list_value_is_written_in_flow_style(tmp_path, before, after):
+    from kit.configedit import set_path
+
+    path = tmp_path / "kit.yaml"
+    path.write_text(before)
+    set_path(path, ["engines", "llama.cpp", "tensor_split"], [3, 1], comment="kit tune")
+    assert path.read_text() == after

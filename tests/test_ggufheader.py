@@ -100,8 +100,25 @@ def _valid(tmp_path: Path) -> bytes:
 def test_broken_headers_are_named(tmp_path, damage, message):
     path = tmp_path / "bad.gguf"
     path.write_bytes(damage(_valid(tmp_path)))
-    with pytest.raises(ggufheader.GGUFError, match=message):
+    with pytest.raises(ggufheader.GGUFError) as err:
         ggufheader.read(path)
+    assert str(err.value) == message  # the whole message: a reader's words are what the user sees
+
+
+def test_version_2_is_read_and_the_data_starts_at_the_next_32_bytes(tmp_path):
+    # magic (4) + version (4) + tensor count (8) + key count (8) = 24 bytes, no keys, no tensors: with no
+    # general.alignment the data starts at the next multiple of 32 (ggml docs/gguf.md: GGUF_DEFAULT_ALIGNMENT), 32
+    path = tmp_path / "v2.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 2, 0, 0))
+    header = ggufheader.read(path)
+    assert (header.version, header.data_offset, header.keys, header.tensors) == (2, 32, {}, [])
+    # one key general.alignment = 128 (uint32, type 4): 24 + 8 + 17 + 4 + 4 = 57 bytes, so the data starts at 128
+    # (at 64 had the default 32 been used)
+    key = b"general.alignment"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+                     + struct.pack("<II", 4, 128))
+    header = ggufheader.read(path)
+    assert (header.version, header.get("general.alignment"), header.data_offset) == (3, 128, 128)
 
 
 def test_an_unknown_value_type_is_named(tmp_path):
