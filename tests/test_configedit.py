@@ -63,3 +63,20 @@ def test_a_list_value_is_written_in_flow_style(tmp_path, before, after):
     path.write_text(before)
     set_path(path, ["engines", "llama.cpp", "tensor_split"], [3, 1], comment="kit tune")
     assert path.read_text() == after
+
+
+@pytest.mark.parametrize("before,after", [
+    # no engines section: the whole path is added, two spaces per level
+    ("preset: cpu\n", "preset: cpu\nengines:\n  llama.cpp:\n    ubatch: 256\n"),
+    # the section holds another engine: the new one goes first in it, the other stays as written
+    ("preset: cpu\nengines:\n  vllm:\n    x: 1\n", "preset: cpu\nengines:\n  llama.cpp:\n    ubatch: 256\n  vllm:\n    x: 1\n"),
+    # the line exists with no comment: none is added
+    ("engines:\n  llama.cpp:\n    ubatch: 512\n", "engines:\n  llama.cpp:\n    ubatch: 256\n"),
+])
+def test_a_nested_path_is_added_where_it_is_missing(tmp_path, before, after):
+    from kit.configedit import set_path
+
+    path = tmp_path / "kit.yaml"
+    path.write_text(before)
+    set_path(path, ["engines", "llama.cpp", "ubatch"], 256)
+    assert path.read_text() == after

@@ -157,3 +157,17 @@ def test_quantized_tensor_bytes_are_blocks_times_block_size(tmp_path):
     header = ggufheader.read(tmp_path / "q.gguf")
     ffn_up = next(t for t in header.tensors if t.name == "blk.0.ffn_up.weight")
     assert ffn_up.type_name == "Q4_K" and ffn_up.shape == (256, 512) and ffn_up.nbytes == 73728
+    assert isinstance(ffn_up.nbytes, int)  # whole blocks: an integer count of bytes, never a float
+
+
+def test_an_alignment_of_0_means_the_default_and_bad_utf8_is_replaced(tmp_path):
+    # general.alignment = 0 (uint32): no alignment given, so 32; the key "k" holds the string b"\xffok" (a string
+    # is type 8: an 8-byte length, then the bytes), which is no UTF-8: read with U+FFFD, not an error
+    key = b"general.alignment"
+    blob = (b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + struct.pack("<Q", len(key)) + key + struct.pack("<II", 4, 0)
+            + struct.pack("<Q", 1) + b"k" + struct.pack("<IQ", 8, 3) + b"\xffok")
+    path = tmp_path / "a0.gguf"
+    path.write_bytes(blob)
+    header = ggufheader.read(path)
+    # 24 + (8 + 17 + 4 + 4) + (8 + 1 + 4 + 8 + 3) = 81 bytes: the next multiple of 32 is 96
+    assert (header.get("general.alignment"), header.get("k"), header.data_offset) == (0, "\ufffdok", 96)
