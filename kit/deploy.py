@@ -302,8 +302,7 @@ def logs(out: Path, tail: int = 2000, service: str | None = None) -> str:
     of their lines led by the host's name."""
     result = _compose(out, "logs", "--no-color", "--tail", str(tail), *([service] if service else []))
     text = result.stdout + result.stderr
-    for i, folder in enumerate(sorted(p.parent for p in (out / "hosts").glob("*/compose.yaml")), start=1):
-        target = hosts.read_target(folder, i)
+    for folder, target in hosts.rendered(out):
         other = _compose(folder, "logs", "--no-color", "--tail", str(tail), *([service] if service else []),
                          target=target, check=False)
         text += "".join(f"{target.name}: {line}\n" for line in (other.stdout + other.stderr).splitlines())
@@ -343,9 +342,8 @@ def down(out: Path, volumes: bool = False, config: StackConfig | None = None) ->
     args = ["down", "--remove-orphans"] + (["--volumes"] if volumes else [])
     rendered = (out / "compose.yaml").is_file()
     if rendered or config is None:
-        folders = sorted(p.parent for p in (out / "hosts").glob("*/compose.yaml"))
-        for i, folder in enumerate(folders, start=1):
-            _compose(folder, *args, target=hosts.read_target(folder, i))
+        for folder, target in hosts.rendered(out):
+            _compose(folder, *args, target=target)
         _compose(out, *args)
         return
     for target in reversed(hosts.targets(config)):

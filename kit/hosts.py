@@ -81,16 +81,18 @@ def env_text(target: Target) -> str:
 
 
 def read_target(folder: Path, index: int) -> Target:
-    """A replica host as its rendered folder records it (``kit down`` without the config)."""
-    env: dict[str, str] = {}
-    path = folder / ENV_FILE
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if "=" in line and not line.startswith("#"):
-                key, _, value = line.partition("=")
-                env[key.strip()] = value.strip()
+    """A further host as its rendered folder records it (``kit down`` and ``kit logs`` without the config)."""
+    from kit.compose import read_env
+
+    env = read_env(folder / ENV_FILE)
     docker = env.get("DOCKER_CONTEXT") or env.get("DOCKER_HOST", "")
     return Target(index, folder.name, docker, "", env.get("DOCKER_CERT_PATH", ""), False)
+
+
+def rendered(out: Path) -> list[tuple[Path, Target]]:
+    """The further hosts of a rendered folder: each one's compose folder, and how to reach it."""
+    folders = sorted(p.parent for p in (out / "hosts").glob("*/compose.yaml"))
+    return [(folder, read_target(folder, i)) for i, folder in enumerate(folders, start=1)]
 
 
 def replicas(config: StackConfig) -> list[Target]:
@@ -122,7 +124,7 @@ def lent_devices(config: StackConfig) -> list[LentDevice]:
     out = []
     for target in workers(config):
         lent = host_config(config, target)
-        gpu = resolve.engine(lent, config.stack.primary).gpu
+        gpu = resolve.gpu(lent, config.stack.primary)
         for _ in range(lent.hardware.gpus if gpu else 1):
             weight = lent.hardware.memory_gib / config.hardware.memory_gib if gpu else 1.0
             out.append(LentDevice(target.name, gpu, lent.hardware.memory_gib, weight))
@@ -137,14 +139,14 @@ def rpc_servers(config: StackConfig) -> list[str]:
     return [f"{t.address}:{rpc.port}" for t in workers(config)] if rpc else []
 
 
-def rpc_device_names(config: StackConfig) -> list[str]:
-    """The workers' devices as the primary names them, numbered over every worker in ``--rpc`` order."""
+def rpc_device_names(config: StackConfig, lent: list[LentDevice]) -> list[str]:
+    """The workers' devices (``lent_devices``) as the primary names them, numbered in ``--rpc`` order."""
     from kit import catalog
 
     rpc = catalog.get(config.stack.primary).rpc
     if rpc is None:
         return []
-    return [rpc.devices.format(i=i) for i in range(len(lent_devices(config)))]
+    return [rpc.devices.format(i=i) for i in range(len(lent))]
 
 
 def host_config(config: StackConfig, target: Target) -> StackConfig:

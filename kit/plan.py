@@ -181,8 +181,8 @@ def plan_layer_split(config: StackConfig, model: ModelInfo, ctx: int, *, engine:
     host = 0
     plans = [GpuPlan(i, mem, overhead=overhead) for i in range(n_gpu)]
     # other hosts' GPUs (stack.rpc_workers) take whole layers after the local ones, by their own split ratio
-    lent = [(name, d) for name, d in zip(hosts.rpc_device_names(config), hosts.lent_devices(config)) if d.gpu] \
-        if n_gpu and engine == config.stack.primary else []
+    lent_devices = hosts.lent_devices(config) if n_gpu and engine == config.stack.primary else []
+    lent = [(name, d) for name, d in zip(hosts.rpc_device_names(config, lent_devices), lent_devices) if d.gpu]
     split += [d.weight for _, d in lent]
     plans += [GpuPlan(n_gpu + j, int(d.memory_gib * GIB), overhead=overhead, host=d.host, device=name)
               for j, (name, d) in enumerate(lent)]

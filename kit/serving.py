@@ -27,7 +27,8 @@ def flag_values(config: StackConfig, name: str, *, model_dir: str = MODEL_MOUNT,
     # inside the container the GPUs are numbered from 0 (compose device_ids maps them)
     local = [backend.devices.format(i=i) for i in range(config.hardware.gpus)] \
         if resolved.gpu and backend and backend.devices else []
-    lent = hosts.rpc_device_names(config) if name == config.stack.primary else []
+    lent_devices = hosts.lent_devices(config) if name == config.stack.primary else []
+    lent = hosts.rpc_device_names(config, lent_devices)
     ctx: dict[str, Any] = dict(resolved.settings)
     ctx.update(
         model_path=f"{model_dir}/{resolved.model_file}",
@@ -47,18 +48,16 @@ def flag_values(config: StackConfig, name: str, *, model_dir: str = MODEL_MOUNT,
         multi_device=(config.hardware.gpus if resolved.gpu else 0) + len(lent) > 1 and (resolved.gpu or bool(lent)),
     )
     if lent:
-        ctx["tensor_split"] = tensor_split(config, ctx["tensor_split"], len(local))
+        ctx["tensor_split"] = tensor_split(ctx["tensor_split"], len(local), lent_devices)
     return ctx
 
 
-def tensor_split(config: StackConfig, ratios: list[Any], local: int) -> list[Any]:
-    """One ratio per device, the local GPUs' as set (tensor_split names them), then each lent device's: its memory
-    over one local GPU's (a 32 GB card lent to 16 GB ones takes twice the layers; llama.cpp's own default split
-    follows free memory the same way)."""
-    from kit import hosts
-
+def tensor_split(ratios: list[Any], local: int, lent: list[Any]) -> list[Any]:
+    """One ratio per device, the local GPUs' as set (tensor_split names them), then each lent device's
+    (``hosts.LentDevice.weight``: its memory over one local GPU's; a 32 GB card lent to 16 GB ones takes twice the
+    layers, as llama.cpp's own default split follows free memory)."""
     own = [*ratios[:local], *[1] * (local - len(ratios[:local]))]
-    return [*own, *(d.weight for d in hosts.lent_devices(config))]
+    return [*own, *(d.weight for d in lent)]
 
 
 def _format(value: Any) -> str:

@@ -56,6 +56,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_ok(url: str, timeout_s: float) -> None:
+    """Until ``GET url`` answers 200 (a server a test just started is up); the test fails after ``timeout_s``."""
+    import time
+
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"{url} did not answer 200 in {timeout_s:.0f} s")
+
+
 @pytest.fixture
 def configure():
     return make_config

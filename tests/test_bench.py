@@ -210,10 +210,9 @@ def test_roofline():
 @pytest.mark.docker
 @pytest.mark.slow
 def test_against_real_llama_server(cpu_image, tiny_gguf, docker_ready):
+    from tests.conftest import wait_ok
     from tests.test_docker_build import FIXTURES
     from kit import config as cfg, serving
-    import requests
-    import time
 
     config = cfg.load(FIXTURES / "cpu-ci.yaml")
     container = docker_ready.containers.run(
@@ -222,13 +221,7 @@ def test_against_real_llama_server(cpu_image, tiny_gguf, docker_ready):
     try:
         container.reload()
         url = f"http://127.0.0.1:{container.attrs['NetworkSettings']['Ports']['8080/tcp'][0]['HostPort']}"
-        for _ in range(120):
-            try:
-                if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(1)
+        wait_ok(f"{url}/health", 120)
         run = bench.run(url, names=["short", "medium"], concurrency=[1], requests_per=2, warmup=1)
     finally:
         container.remove(force=True)

@@ -25,7 +25,7 @@ import yaml
 from kit import build, config as cfg, deploy, dockerhost, hosts, render, rules
 from kit.errors import KitError
 from kit.services import endpoint
-from tests.conftest import FIXTURES, free_port
+from tests.conftest import FIXTURES, free_port, wait_ok
 from tests.dockerd2 import second_daemon
 from tests.sshhost import ssh_host
 from tests import tlscerts
@@ -268,14 +268,7 @@ def test_one_model_across_two_hosts_over_rpc(box2_over_ssh, tiny_gguf, tmp_path)
         ports={"8080/tcp": ("127.0.0.1", port)}, volumes={str(tiny_gguf.parent): {"bind": "/models", "mode": "ro"}},
         name="kitci-single-process")
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
+        wait_ok(f"http://127.0.0.1:{port}/health", 60)
         whole = [greedy_tokens(f"http://127.0.0.1:{port}", None, p) for p in ("hello world the", "the V100 is")]
     finally:
         single.remove(force=True)
