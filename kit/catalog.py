@@ -43,7 +43,6 @@ class Source(_Record):
     git: str = ""
     ref: str = ""
     wheelhouse: bool = False
-    package: str = ""
 
 
 class FetchedSource(_Record):
@@ -52,6 +51,9 @@ class FetchedSource(_Record):
     env: str  # the variable the build reads for a local folder
     git: str
     ref: str
+    # the lowest SM architecture this source has kernels for; a build for older GPUs only gets kit's stand-in
+    # (templates/dockerfile/context/stand-ins/<name>/) instead: no download, and no compile of kernels it can't use
+    min_arch: int = 0
 
 
 class BuildInputs(_Record):
@@ -71,6 +73,9 @@ class RuntimeInputs(_Record):
     binaries: list[str] = Field(default_factory=list)
     libraries: list[str] = Field(default_factory=list)
     prefix: str = "/app"
+    # a Python engine's import package under the prefix's site-packages: its extension modules are the engine's
+    # device code, which kit verify judges (torch's and the nvidia-* wheels' libraries are not the engine's build)
+    package: str = ""
 
 
 class QuantNeed(_Record):

@@ -193,17 +193,30 @@ class Recipe:
         index = "" if variant in ("", PYPI) else f"{self.engine.build.torch_index}/{variant}"
         return {"version": str(self.settings.get("torch", "")), "variant": variant, "index": index}
 
-    def local_sources(self) -> list[dict[str, str]]:
-        """The sources the engine's build would fetch from GitHub that the stack gives as folders instead
-        (engines.<name>.local_sources): each lands in the build folder's deps/<name> and its variable points there."""
+    def fetched_sources(self) -> list[dict[str, Any]]:
+        """What the engine's build would fetch from GitHub that it gets as a folder instead: kit's stand-in when every
+        configured arch is below the source's ``min_arch`` (none of its kernels could run, and its build would compile
+        them all the same), else the stack's own folder (engines.<name>.local_sources). Each lands in
+        /opt/kit/deps/<name>, and the variable the build reads points there."""
         given = dict(self.settings.get("local_sources") or {})
         fetches = self.engine.build.fetches
         unknown = sorted(set(given) - set(fetches))
         if unknown:
             raise KitError(f"engines.{self.engine.name}.local_sources.{unknown[0]}",
                            "is not a source this engine's build fetches", f"use one of {', '.join(fetches)}")
-        return [{"name": name, "env": fetches[name].env, "path": f"{DEPS_DIR}/{name}", "host": str(given[name]),
-                 "git": fetches[name].git, "ref": fetches[name].ref} for name in fetches if name in given]
+        sources: list[dict[str, Any]] = []
+        for name, fetch in fetches.items():
+            item = {"name": name, "env": fetch.env, "path": f"{DEPS_DIR}/{name}", "git": fetch.git, "ref": fetch.ref,
+                    "stand_in": 0}
+            if self.archs and max(self.archs) < fetch.min_arch:
+                sources.append({**item, "folder": f"kit/stand-ins/{name}/", "stand_in": fetch.min_arch})
+            elif name in given:
+                sources.append({**item, "folder": f"deps/{name}/", "host": str(given[name])})
+        return sources
+
+    def local_sources(self) -> list[dict[str, Any]]:
+        """The stack's own folders among the fetched sources: ``kit build`` copies each into the build folder."""
+        return [s for s in self.fetched_sources() if "host" in s]
 
     def helpers(self) -> list[str]:
         """Files of templates/dockerfile/context/ the build uses: the NCCL probe and check for a GPU flavor."""
@@ -229,6 +242,7 @@ class Recipe:
             "torch_cuda_arch_list": None,
             "entrypoint": self.engine.entrypoint,
             "prefix": self.engine.runtime.prefix,  # where the engine's code lives: kit verify scans all of it
+            "package": self.engine.runtime.package or None,  # a Python engine's package in that prefix
             "kit_version": __version__,
         }
 
@@ -269,8 +283,7 @@ class Recipe:
             "mirrors": {"apt": config.mirrors.apt, "pip_index": config.mirrors.pip_index, "ca_bundle": self.ca_bundle},
             "debian_nonfree": bool(self.debian_cuda),
             "torch": self.torch(),
-            "local_sources": self.local_sources(),
-            "deps_dir": DEPS_DIR,
+            "fetched_sources": self.fetched_sources(),
             "requirement": settings.get("requirement", ""),
             "entrypoint": engine.entrypoint,
             "port": engine.port,
@@ -289,8 +302,14 @@ class Recipe:
             "Dockerfile": templating.render(f"dockerfile/{self.name}.Dockerfile.j2", ctx),
             "kit/manifest.json": json.dumps(ctx["manifest"], indent=2) + "\n",
         }
+        context = paths.templates_dir() / "dockerfile" / "context"
         for helper in self.helpers():
-            files[f"kit/{helper}"] = (paths.templates_dir() / "dockerfile" / "context" / helper).read_text()
+            files[f"kit/{helper}"] = (context / helper).read_text()
+        for source in ctx["fetched_sources"]:
+            if source["stand_in"]:
+                folder = context / "stand-ins" / source["name"]
+                for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+                    files[f"{source['folder']}{path.relative_to(folder).as_posix()}"] = path.read_text()
         if self.config.mirrors.ca_bundle:
             files["kit/ca.crt"] = Path(self.config.mirrors.ca_bundle)
         return files

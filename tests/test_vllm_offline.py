@@ -5,8 +5,11 @@ given as local folders."""
 
 from __future__ import annotations
 
+import io
+import json
 import shutil
 import subprocess
+import tarfile
 
 import pytest
 
@@ -29,9 +32,16 @@ def test_torch_from_the_pip_index_and_sources_from_folders(tmp_path):
     # no --index-url: pip asks its own index (PIP_INDEX_URL when mirrors.pip_index is set, else PyPI)
     assert ' && /opt/venv/bin/pip install "torch==2.8.0" \\\n' in text
     assert "download.pytorch.org" not in text
-    # vLLM's CMake reads each variable and then declares FetchContent with SOURCE_DIR instead of GIT_REPOSITORY
-    assert ("COPY deps/ /opt/kit/deps/\n"
+    # vLLM's CMake reads each variable and then declares FetchContent with SOURCE_DIR instead of GIT_REPOSITORY. On
+    # sm_70 only, flash-attention (kernels for sm_80+) and FlashMLA (sm_90a) get kit's stand-ins whatever is given:
+    # built from source, they would compile 392 files of kernels no V100 can run (benchmarks/results/vllm-sm70-build.md)
+    assert ("COPY deps/cutlass/ /opt/kit/deps/cutlass/\n"
+            "# flash_attn has kernels for sm_80 and newer only: kit's stand-in, nothing to download or compile\n"
+            "COPY kit/stand-ins/flash_attn/ /opt/kit/deps/flash_attn/\n"
+            "# flash_mla has kernels for sm_90 and newer only: kit's stand-in, nothing to download or compile\n"
+            "COPY kit/stand-ins/flash_mla/ /opt/kit/deps/flash_mla/\n"
             "ENV VLLM_CUTLASS_SRC_DIR=/opt/kit/deps/cutlass \\\n"
+            "    VLLM_FLASH_ATTN_SRC_DIR=/opt/kit/deps/flash_attn \\\n"
             "    FLASH_MLA_SRC_DIR=/opt/kit/deps/flash_mla\n"
             "COPY src/ /src/\n") in text
     # the folders arrive before the compile, in the builder stage (the toolchain's torch layers stay cached)
@@ -44,7 +54,39 @@ def test_the_default_route_keeps_the_pytorch_index_and_fetches():
     text = dockerfile.render_files(make_config({**OFFLINE, "cuda": {}, "nccl": {}}), "vllm")["Dockerfile"]
     assert '--index-url https://download.pytorch.org/whl/cu126' in text
     assert "ENV VLLM_NCCL_SO_PATH=/usr/lib/x86_64-linux-gnu/libnccl.so.2\n" in text  # apt's libnccl2
-    assert "deps/" not in text and "SRC_DIR" not in text
+    # CUTLASS comes from GitHub at configure time; the two sources with no sm_70 kernels never do
+    assert "deps/cutlass" not in text and "VLLM_CUTLASS_SRC_DIR" not in text
+    assert ("ENV VLLM_FLASH_ATTN_SRC_DIR=/opt/kit/deps/flash_attn \\\n"
+            "    FLASH_MLA_SRC_DIR=/opt/kit/deps/flash_mla\n") in text
+
+
+def test_stand_ins_only_below_the_archs_a_source_has_kernels_for(tmp_path):
+    """An sm_80 box gets the real flash-attention (from the folder given, else GitHub) and still FlashMLA's stand-in
+    (9.0a only); a box with sm_70 and sm_80 GPUs gets the real one too, since one of its GPUs can run it."""
+    for archs in ([80], [70, 80]):
+        config = make_config({**OFFLINE, "hardware": {"archs": archs, "gpu_model": "A100-SXM4-40GB"},
+                              "engines": {"vllm": {"cuda": "12.4.1", "torch_variant": "pypi",
+                                                   "local_sources": {"flash_attn": "/srv/fa", "flash_mla": "/srv/m"}}}})
+        files = dockerfile.render_files(config, "vllm")
+        text = files["Dockerfile"]
+        assert "COPY deps/flash_attn/ /opt/kit/deps/flash_attn/\n" in text, archs
+        assert "COPY kit/stand-ins/flash_mla/ /opt/kit/deps/flash_mla/\n" in text, archs
+        assert not any(rel.startswith("kit/stand-ins/flash_attn/") for rel in files), archs
+
+
+def test_the_flash_attention_stand_in_has_the_targets_setup_py_builds():
+    """vLLM 0.11.0's setup.py (ext_modules) adds CMakeExtension("vllm.vllm_flash_attn._vllm_fa2_C") and, with nvcc >=
+    12.3, "..._vllm_fa3_C", then runs `cmake --build . --target=_vllm_fa2_C --target=_vllm_fa3_C ...` and
+    `cmake --install . --component <each>`: both targets must exist, and vllm_flash_attn.cmake installs the *.py of the
+    stand-in's vllm_flash_attn/ folder, which must exist and must not replace vLLM's own Python files."""
+    files = dockerfile.render_files(offline(None), "vllm")
+    cmake = files["kit/stand-ins/flash_attn/CMakeLists.txt"]
+    assert "add_custom_target(_vllm_fa2_C)\nadd_custom_target(_vllm_fa3_C)\n" in cmake
+    assert "project(vllm_flash_attn LANGUAGES NONE)" in cmake  # no compiler of its own
+    assert [rel for rel in files if rel.startswith("kit/stand-ins/flash_attn/vllm_flash_attn/")] == [
+        "kit/stand-ins/flash_attn/vllm_flash_attn/README.md"]
+    assert sorted(rel for rel in files if rel.startswith("kit/stand-ins/flash_mla/")) == [
+        "kit/stand-ins/flash_mla/README.md"]  # flashmla.cmake only needs the folder: FlashMLA has no CMakeLists.txt
 
 
 def test_the_offline_dockerfile_passes_hadolint(tmp_path):
@@ -88,14 +130,13 @@ def test_kit_build_copies_the_folders_without_their_git(tmp_path):
 
 
 def test_a_missing_folder_is_one_line_naming_the_field_and_what_to_put_there(tmp_path):
-    config = offline(tmp_path, local_sources={"flash_attn": str(tmp_path / "nowhere")})
+    config = offline(tmp_path, local_sources={"cutlass": str(tmp_path / "nowhere")})
     src = tmp_path / "src"
     src.mkdir()
     with pytest.raises(KitError) as err:
         build.assemble_context(config, "vllm", tmp_path / "context", src, "runtime")
-    assert err.value.field == "engines.vllm.local_sources.flash_attn"
-    assert err.value.fix == ("put a checkout of https://github.com/vllm-project/flash-attention at "
-                             "ee4d25bd84e0cbc7e0b9b9685085fd5db2dcb62a there")
+    assert err.value.line() == (f"engines.vllm.local_sources.cutlass: {tmp_path / 'nowhere'} is not a folder; put a "
+                                "checkout of https://github.com/nvidia/cutlass at v4.0.0 there")
     # a stage before the compile needs none of them
     build.assemble_context(config, "vllm", tmp_path / "context2", None, "toolchain")
 
@@ -108,3 +149,157 @@ def test_torch_2_11_from_the_pip_index_has_no_volta(tmp_path):
     assert err.value.line() == ("engines.vllm.torch_variant: torch 2.11.0 pypi wheels no longer ship sm_70 kernels; "
                                 "set engines.vllm.torch_variant: cu126, or a torch below 2.11 (its cu128 wheels still "
                                 "carry sm_70)")
+
+
+# ---- the image up to its compile, built for real (docker tier): torch from PyPI, the arch assertion, NCCL ----
+
+@pytest.fixture(scope="module")
+def vllm_stages(base_image, docker_ready):
+    """The toolchain (CUDA 12.4 toolkit, torch 2.8.0 from PyPI, the assertion that it carries sm_70) and the runtime
+    base (NCCL checked against the builder's): everything but vLLM's own compile, which CI has no hours for."""
+    config = cfg.load(ROOT / "tests" / "fixtures" / "vllm-offline-ci.yaml")
+    rules.validate(config)
+    toolchain = build.build_engine(config, "vllm", target="toolchain")
+    runtime_base = build.build_engine(config, "vllm", target="runtime-base")
+    return toolchain, runtime_base
+
+
+def _run(client, image: str, *argv: str) -> tuple[int, str, str]:
+    """Exit code, stdout, stderr (torch warns on stderr that this image has no numpy)."""
+    container = client.containers.run(image, entrypoint=list(argv[:1]), command=list(argv[1:]), detach=True)
+    try:
+        code = container.wait(timeout=120)["StatusCode"]
+        return (code, container.logs(stdout=True, stderr=False).decode(errors="replace"),
+                container.logs(stdout=False, stderr=True).decode(errors="replace"))
+    finally:
+        container.remove(force=True)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_torch_from_pypi_carries_sm70_by_its_own_account(vllm_stages, docker_ready):
+    """torch's own record of what it was compiled for (no GPU needed), asked without kit's script: the 2.8.0 wheel on
+    PyPI lists sm_70 among 7.0;7.5;8.0;8.6;9.0;10.0;12.0 (PyTorch 2.8 release notes, pytorch#160269)."""
+    toolchain, _ = vllm_stages
+    code, out, err = _run(docker_ready, toolchain.tag, "/opt/venv/bin/python", "-c",
+                          "import torch; print(torch.__version__, torch._C._cuda_getArchFlags())")
+    assert code == 0, err
+    assert out.split()[0] == "2.8.0+cu128"
+    assert "sm_70" in out.split()[1:], out
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_arch_assertion_refuses_an_arch_the_real_torch_lacks(vllm_stages, docker_ready):
+    """The build's assertion against the real torch, not a stub: sm_61 is in none of 2.8.0's cu128 arch flags."""
+    toolchain, _ = vllm_stages
+    code, _, err = _run(docker_ready, toolchain.tag, "/opt/venv/bin/python", "/opt/kit/torch-archs.py", "sm_70",
+                        "sm_61")
+    assert code == 1
+    out = err.splitlines()[-1]
+    assert out.startswith("kit: torch 2.8.0+cu128 was built for sm_70 ")
+    assert out.rstrip().endswith(", not sm_61: pick a torch whose wheels still carry it (engines.vllm.torch / "
+                                 "torch_variant)")
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_torch_loads_the_pinned_nccl(vllm_stages, docker_ready):
+    """torch 2.8.0 brings its own nvidia-nccl-cu12: the one it loads must be the pin. torch.cuda.nccl.version() is
+    what torch's own NCCL binding reports (it needs no GPU)."""
+    toolchain, runtime_base = vllm_stages
+    code, out, _ = _run(docker_ready, toolchain.tag, "/opt/venv/bin/python", "-c",
+                        "import torch.cuda.nccl as n; print('.'.join(map(str, n.version())))")
+    assert (code, out) == (0, "2.27.3\n")
+    assert _run(docker_ready, runtime_base.tag, "kit-nccl-version")[:2] == (0, "2.27.3\n")
+    assert runtime_base.nccl_pin == "2.27.3"
+
+
+# ---- kit verify on Python engines that compile: images made from the real toolchain stage (real torch 2.8.0 in
+# /opt/venv) with real CUDA objects (tests/fixtures/fatbin, nvcc 11.8) where vLLM's extension modules live
+
+SITE = "/opt/venv/lib/python3.13/site-packages"
+VLLM_MANIFEST = {"engine": "vllm", "recipe": "torch-source", "archs": [70], "prefix": "/opt/venv", "package": "vllm",
+                 "entrypoint": ["/opt/venv/bin/vllm", "serve"], "nccl_pin": None}
+# what pip writes for a console script (pip's distlib template), shebang and all
+CONSOLE_SCRIPT = ("#!/opt/venv/bin/python3\nimport sys\nfrom vllm.entrypoints.cli.main import main\n"
+                  "if __name__ == '__main__':\n    sys.exit(main())\n")
+
+
+def _python_engine(client, base: str, name: str, so_files: dict[str, str], manifest: dict | None = None,
+                   script: str = CONSOLE_SCRIPT, torch_module: str = "") -> str:
+    from tests.test_verify_adversarial import FATBIN, FIXTURE_FOR
+
+    files = {"vllm": script.encode(), "manifest.json": json.dumps(manifest or VLLM_MANIFEST).encode()}
+    lines = [f"FROM {base}", "USER root", "RUN mkdir -p /opt/kit", "COPY manifest.json /opt/kit/manifest.json",
+             "COPY vllm /opt/venv/bin/vllm", "RUN chmod 755 /opt/venv/bin/vllm"]
+    for i, (where, fixture) in enumerate(sorted(so_files.items())):
+        files[f"so{i}"] = (FATBIN / FIXTURE_FOR[fixture]).read_bytes()
+        lines.append(f"COPY so{i} {SITE}/{where}")
+    if torch_module:  # a venv of the image's python3 holding this module as torch
+        files["torch.py"] = torch_module.encode()
+        lines += ["RUN python3 -m venv /opt/venv", f"COPY torch.py {SITE}/torch/__init__.py"]
+    lines += ["RUN useradd -u 10001 -m kit", "USER 10001", 'ENTRYPOINT ["/opt/venv/bin/vllm", "serve"]']
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for fname, data in {"Dockerfile": "\n".join(lines).encode() + b"\n", **files}.items():
+            info = tarfile.TarInfo(fname)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buffer.seek(0)
+    tag = f"kit/test-verify:python-{name}"
+    client.images.build(fileobj=buffer, custom_context=True, tag=tag, rm=True)
+    return tag
+
+
+def _checks(tag: str) -> dict:
+    from kit import verify
+
+    return {c.name: c for c in verify.verify(tag, ["entrypoint", "cuda-arch"])}
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_verify_passes_a_python_engine_with_sm70_extensions(vllm_stages, docker_ready):
+    toolchain, _ = vllm_stages
+    tag = _python_engine(docker_ready, toolchain.tag, "good", {"vllm/_C.abi3.so": "sm70.so"})
+    checks = _checks(tag)
+    assert checks["entrypoint"].status == "ok", checks["entrypoint"].detail
+    assert checks["cuda-arch"].status == "ok", checks["cuda-arch"].detail
+    # torch's list, as torch 2.8.0's cu128 wheel records it (PyTorch 2.8 release notes)
+    assert checks["cuda-arch"].detail == ("1 files carry real code for sm [70] only, no PTX; torch 2.8.0+cu128 carries "
+                                          "sm_70 (of sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120)")
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["wrong-arch-in-a-subpackage", "ptx-beside", "no-device-code", "shell-script",
+                                  "torch-without-volta"])
+def test_verify_fails_a_python_engine_built_to_fool_it(case, vllm_stages, docker_ready):
+    toolchain, runtime_base = vllm_stages
+    good = {"vllm/_C.abi3.so": "sm70.so"}
+    if case == "wrong-arch-in-a-subpackage":  # an FA2 module compiled for sm_80 deep in the package
+        tag = _python_engine(docker_ready, toolchain.tag, case,
+                             {**good, "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": "sm80.so"})
+        check, reason = "cuda-arch", f"{SITE}/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so: sm [80]"
+    elif case == "ptx-beside":
+        tag = _python_engine(docker_ready, toolchain.tag, case, {"vllm/_C.abi3.so": "sm70_ptx70.so"})
+        check, reason = "cuda-arch", f"PTX beside the real code ({SITE}/vllm/_C.abi3.so: compute [70])"
+    elif case == "no-device-code":  # sm_70 code in another package does not count as the engine's
+        tag = _python_engine(docker_ready, toolchain.tag, case, {"other/_C.abi3.so": "sm70.so"})
+        check, reason = "cuda-arch", "no CUDA device code found; expected sm_[70]"
+    elif case == "shell-script":  # a script that may exec anything, where pip's console script belongs
+        tag = _python_engine(docker_ready, toolchain.tag, case, good,
+                             script="#!/bin/sh\nexec /opt/nvidia/nvidia_entrypoint.sh \"$@\"\n")
+        check, reason = "entrypoint", "/opt/venv/bin/vllm is a script, not the engine binary"
+    else:
+        # a torch whose wheels dropped Volta, as torch 2.11's cu128 did: a module answering torch's own two calls with
+        # that list, in a venv of the runtime base (no real torch there)
+        fake = ("__version__ = '2.11.0+cu128'\nclass _C:\n    @staticmethod\n    def _cuda_getArchFlags():\n"
+                "        return 'sm_75 sm_80 sm_86 sm_90 sm_100 sm_120'\n")
+        tag = _python_engine(docker_ready, runtime_base.tag, case, good, torch_module=fake)
+        check, reason = "cuda-arch", ("torch 2.11.0+cu128 was built for sm_75 sm_80 sm_86 sm_90 sm_100 sm_120, "
+                                      "not sm_70")
+    result = _checks(tag)[check]
+    assert result.status == "fail", (case, result.detail)
+    assert reason in result.detail, (case, result.detail)
