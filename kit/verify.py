@@ -281,13 +281,17 @@ def entrypoint(ins: Inspection) -> tuple[str, str]:
     return "ok", f"exec form {json.dumps(entry)}"
 
 
+PYTHON_RECIPES = ("wheel", "torch-source")  # engines pip installs into a venv: their entrypoint is a console script
+
+
 def _declared_script(ins: Inspection, path: str) -> bool:
-    """A wheel engine's entrypoint is its console script: allowed when the manifest declares that recipe."""
+    """A Python engine's entrypoint is its console script: allowed when the manifest declares such a recipe and the
+    script is pip's, run by the venv's own python (``#!/opt/venv/bin/python``), nothing else."""
     manifest = ins.manifest or {}
-    if manifest.get("recipe") != "wheel" or (manifest.get("entrypoint") or [None])[0] != path:
+    if manifest.get("recipe") not in PYTHON_RECIPES or (manifest.get("entrypoint") or [None])[0] != path:
         return False
     shebang = ins.host.run(f"head -n 1 {shlex.quote(path)}").stdout.strip()
-    return bool(re.match(r"#!\S*/python3?(\.\d+)?$", shebang))  # pip's console script, nothing else
+    return bool(re.match(r"#!\S*/python3?(\.\d+)?$", shebang))
 
 
 def engine_files(ins: Inspection) -> list[str]:
@@ -334,12 +338,9 @@ def cuda_arch(ins: Inspection) -> tuple[str, str]:
     expected = sorted(int(a) for a in manifest.get("archs") or [])
     if not expected:
         return "skip", "cpu flavor: no device code"
-    files = engine_files(ins)
+    python = manifest.get("recipe") in PYTHON_RECIPES
+    files = python_extensions(ins, manifest) if python else engine_files(ins)
     found: dict[str, dict[str, list[int]]] = {}
-    if not files:
-        # python engines: every extension module under the prefix
-        listing = ins.host.run("find /opt/venv -name '*.so' -size +100k 2>/dev/null | head -200")
-        files = listing.stdout.split()
     unreadable: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for path in files:
@@ -366,7 +367,40 @@ def cuda_arch(ins: Inspection) -> tuple[str, str]:
     if ptx:
         detail = ", ".join(f"{name}: compute {archs}" for name, archs in sorted(ptx.items()))
         return "fail", f"PTX beside the real code ({detail}): kit builds real code only (`-real` archs)"
-    return "ok", f"{len(found)} files carry real code for sm {expected} only, no PTX"
+    torch = _torch_archs(ins, manifest, expected) if python else ("ok", "")
+    if torch[0] != "ok":
+        return torch
+    return "ok", f"{len(found)} files carry real code for sm {expected} only, no PTX{torch[1]}"
+
+
+def python_extensions(ins: Inspection, manifest: dict[str, Any]) -> list[str]:
+    """A Python engine's device code: the extension modules of its own package in the venv (vLLM's _C, _moe_C,
+    ...). The venv also holds torch's and the nvidia-* wheels' libraries, built for every arch by others: torch is
+    judged by its own arch list (_torch_archs), the CUDA libraries are not the engine's build."""
+    prefix, package = manifest.get("prefix") or "/opt/venv", manifest.get("package") or ""
+    if not package:
+        return []
+    found = ins.host.run(f"find -L {shlex.quote(prefix)}/lib -path '*/site-packages/{package}/*' -name '*.so*' "
+                         "-type f 2>/dev/null | sort -u")
+    return [line for line in found.stdout.splitlines() if line]
+
+
+def _torch_archs(ins: Inspection, manifest: dict[str, Any], expected: list[int]) -> tuple[str, str]:
+    """The torch in the venv must carry kernels for the GPUs (the build asserted it before compiling; the image may
+    have changed torch since). torch._C._cuda_getArchFlags() is torch's own record and needs no GPU."""
+    python = f"{manifest.get('prefix') or '/opt/venv'}/bin/python"
+    probe = ins.host.run(f"{shlex.quote(python)} -c 'import torch; print(torch.__version__); "
+                         f"print(torch._C._cuda_getArchFlags())'")
+    lines = probe.stdout.strip().splitlines()  # stderr has torch's warnings (no numpy, no driver)
+    if probe.rc != 0:
+        if "No module named 'torch'" in probe.stderr:
+            return "ok", ""  # an engine without torch (a wheel engine may bring its own kernels only)
+        return "fail", f"cannot ask torch for its archs: {(probe.stderr.strip().splitlines() or ['no output'])[-1][:200]}"
+    version, flags = lines[0], (lines[1] if len(lines) > 1 else "").split()
+    missing = [f"sm_{a}" for a in expected if f"sm_{a}" not in flags]
+    if missing:
+        return "fail", f"torch {version} was built for {' '.join(flags) or 'no CUDA arch'}, not {' '.join(missing)}"
+    return "ok", f"; torch {version} carries {' '.join(f'sm_{a}' for a in expected)} (of {' '.join(flags)})"
 
 
 @check("runs")

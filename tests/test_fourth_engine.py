@@ -27,7 +27,7 @@ recipe: wheel
 description: SGLang's OpenAI-compatible server, installed from your wheelhouse.
 homepage: https://github.com/sgl-project/sglang
 version: local
-source: {wheelhouse: true, package: sglang}
+source: {wheelhouse: true}
 default_flavor: cuda
 flavors:
   cuda: {gpu: true}
@@ -37,6 +37,7 @@ build:
 runtime:
   packages: [python3, python3-venv, libgomp1, curl]
   prefix: /opt/venv
+  package: sglang
 entrypoint: [/opt/venv/bin/python, -m, sglang.launch_server]
 version_cmd: [/opt/venv/bin/python, -m, sglang.launch_server, --help]
 port: 30000
