@@ -134,8 +134,10 @@ class ExecRunner:
 
 @contextmanager
 def sigint_deferred() -> Iterator[None]:
-    """Ctrl-C held back until the block ends, then raised: a SIGINT that lands inside Popen (after the fork, before
-    Popen returns) would leave an engine running that no attribute holds, which nothing would ever stop."""
+    """Ctrl-C held back until the block ends, then delivered to whatever handled it before: a SIGINT that lands inside
+    Popen (after the fork, before Popen returns) would leave an engine running that no attribute holds, which nothing
+    would ever stop. Delivered, not raised: where SIGINT was ignored (``nohup``, a background job of a script) it
+    stays ignored."""
     caught: list[int] = []
     try:
         previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
@@ -147,7 +149,7 @@ def sigint_deferred() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
     if caught:
-        raise KeyboardInterrupt
+        signal.raise_signal(signal.SIGINT)
 
 
 class ComposeRunner:

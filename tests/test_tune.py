@@ -291,7 +291,10 @@ def test_ctrl_c_keeps_what_was_measured_and_the_same_command_resumes(tmp_path):
     # ubatch 128 never gets healthy, so the search cannot end before the signal; the restart on the best known
     # settings (concurrency 1, ubatch 512 after two trials, or the start) is never that point
     env = {**os.environ, "FAKE_ENGINE_HANG_UBATCH": "128"}
-    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # preexec_fn: Ctrl-C as from a terminal, even where this pytest was started with SIGINT ignored (a script's
+    # background job), which the child would inherit and so ignore the test's signal
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     journal = tmp_path / "tune-llama-cpp.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -350,11 +353,27 @@ def test_a_ctrl_c_between_fork_and_popen_returning_leaves_no_engine(tmp_path, mo
 
     write_tiny_llama(tmp_path / "model.gguf")
     config = cfg.from_dict({"preset": "cpu", "model": {"dir": str(tmp_path), "file": "model.gguf"}})
-    runner = tunerun.ExecRunner(engine, "llama.cpp", free_port(), tmp_path / "engine.log", timeout_s=5)
     monkeypatch.setattr(tunerun.subprocess, "Popen", popen_then_sigint)
-    with pytest.raises(KeyboardInterrupt):
-        runner.start(config)
-    assert runner.proc is started[0], "the engine started must be the runner's"
-    runner.close()
-    assert started[0].poll() is not None, "close() left the engine running"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Ctrl-C again
+    # Ctrl-C as a terminal gives it, whatever this pytest inherited (a script's background job starts with it ignored)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        runner = tunerun.ExecRunner(engine, "llama.cpp", free_port(), tmp_path / "engine.log", timeout_s=5)
+        with pytest.raises(KeyboardInterrupt):
+            runner.start(config)
+        assert runner.proc is started[0], "the engine started must be the runner's"
+        runner.close()
+        assert started[0].poll() is not None, "close() left the engine running"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Ctrl-C again
+
+        # started with SIGINT ignored (nohup): the same signal inside Popen is ignored, not turned into an interrupt
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        runner = tunerun.ExecRunner(engine, "llama.cpp", free_port(), tmp_path / "engine2.log", timeout_s=1)
+        with pytest.raises(Exception) as failure:  # the engine (sleep) never gets healthy: the start times out
+            runner.start(config)
+        assert not isinstance(failure.value, KeyboardInterrupt), failure.value
+        assert runner.proc is started[1]
+        runner.close()
+        assert started[1].poll() is not None
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, inherited)
