@@ -339,7 +339,8 @@ def cuda_arch(ins: Inspection) -> tuple[str, str]:
     if not expected:
         return "skip", "cpu flavor: no device code"
     python = manifest.get("recipe") in PYTHON_RECIPES
-    files = python_extensions(ins, manifest) if python else engine_files(ins)
+    venv = manifest.get("prefix") or "/opt/venv"
+    files = python_extensions(ins, venv, manifest.get("package") or "") if python else engine_files(ins)
     found: dict[str, dict[str, list[int]]] = {}
     unreadable: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -367,28 +368,27 @@ def cuda_arch(ins: Inspection) -> tuple[str, str]:
     if ptx:
         detail = ", ".join(f"{name}: compute {archs}" for name, archs in sorted(ptx.items()))
         return "fail", f"PTX beside the real code ({detail}): kit builds real code only (`-real` archs)"
-    torch = _torch_archs(ins, manifest, expected) if python else ("ok", "")
+    torch = _torch_archs(ins, venv, expected) if python else ("ok", "")
     if torch[0] != "ok":
         return torch
     return "ok", f"{len(found)} files carry real code for sm {expected} only, no PTX{torch[1]}"
 
 
-def python_extensions(ins: Inspection, manifest: dict[str, Any]) -> list[str]:
+def python_extensions(ins: Inspection, venv: str, package: str) -> list[str]:
     """A Python engine's device code: the extension modules of its own package in the venv (vLLM's _C, _moe_C,
     ...). The venv also holds torch's and the nvidia-* wheels' libraries, built for every arch by others: torch is
     judged by its own arch list (_torch_archs), the CUDA libraries are not the engine's build."""
-    prefix, package = manifest.get("prefix") or "/opt/venv", manifest.get("package") or ""
     if not package:
         return []
-    found = ins.host.run(f"find -L {shlex.quote(prefix)}/lib -path '*/site-packages/{package}/*' -name '*.so*' "
+    found = ins.host.run(f"find -L {shlex.quote(venv)}/lib -path '*/site-packages/{package}/*' -name '*.so*' "
                          "-type f 2>/dev/null | sort -u")
     return [line for line in found.stdout.splitlines() if line]
 
 
-def _torch_archs(ins: Inspection, manifest: dict[str, Any], expected: list[int]) -> tuple[str, str]:
+def _torch_archs(ins: Inspection, venv: str, expected: list[int]) -> tuple[str, str]:
     """The torch in the venv must carry kernels for the GPUs (the build asserted it before compiling; the image may
     have changed torch since). torch._C._cuda_getArchFlags() is torch's own record and needs no GPU."""
-    python = f"{manifest.get('prefix') or '/opt/venv'}/bin/python"
+    python = f"{venv}/bin/python"
     probe = ins.host.run(f"{shlex.quote(python)} -c 'import torch; print(torch.__version__); "
                          f"print(torch._C._cuda_getArchFlags())'")
     lines = probe.stdout.strip().splitlines()  # stderr has torch's warnings (no numpy, no driver)

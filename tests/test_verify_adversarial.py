@@ -71,11 +71,15 @@ def build(client, base: str, name: str, extra: str = "", forged: dict | None = N
           files: dict[str, bytes] | None = None) -> str:
     dockerfile = GOOD.format(base=base) + extra + "\n"
     manifest = {**MANIFEST, **(forged or {})}
+    return build_context(client, name, {"Dockerfile": dockerfile.encode(),
+                                        "manifest.json": json.dumps(manifest).encode(), **(files or {})})
+
+
+def build_context(client, name: str, files: dict[str, bytes]) -> str:
+    """``kit/test-verify:<name>`` built from a context held in memory (relative path -> bytes, with a Dockerfile)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        context = [("Dockerfile", dockerfile.encode()), ("manifest.json", json.dumps(manifest).encode()),
-                   *(files or {}).items()]
-        for fname, data in context:
+        for fname, data in files.items():
             info = tarfile.TarInfo(fname)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

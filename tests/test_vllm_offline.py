@@ -5,11 +5,9 @@ given as local folders."""
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import subprocess
-import tarfile
 
 import pytest
 
@@ -226,11 +224,11 @@ CONSOLE_SCRIPT = ("#!/opt/venv/bin/python3\nimport sys\nfrom vllm.entrypoints.cl
                   "if __name__ == '__main__':\n    sys.exit(main())\n")
 
 
-def _python_engine(client, base: str, name: str, so_files: dict[str, str], manifest: dict | None = None,
-                   script: str = CONSOLE_SCRIPT, torch_module: str = "") -> str:
-    from tests.test_verify_adversarial import FATBIN, FIXTURE_FOR
+def _python_engine(client, base: str, name: str, so_files: dict[str, str], script: str = CONSOLE_SCRIPT,
+                   torch_module: str = "") -> str:
+    from tests.test_verify_adversarial import FATBIN, FIXTURE_FOR, build_context
 
-    files = {"vllm": script.encode(), "manifest.json": json.dumps(manifest or VLLM_MANIFEST).encode()}
+    files = {"vllm": script.encode(), "manifest.json": json.dumps(VLLM_MANIFEST).encode()}
     lines = [f"FROM {base}", "USER root", "RUN mkdir -p /opt/kit", "COPY manifest.json /opt/kit/manifest.json",
              "COPY vllm /opt/venv/bin/vllm", "RUN chmod 755 /opt/venv/bin/vllm"]
     for i, (where, fixture) in enumerate(sorted(so_files.items())):
@@ -240,16 +238,7 @@ def _python_engine(client, base: str, name: str, so_files: dict[str, str], manif
         files["torch.py"] = torch_module.encode()
         lines += ["RUN python3 -m venv /opt/venv", f"COPY torch.py {SITE}/torch/__init__.py"]
     lines += ["RUN useradd -u 10001 -m kit", "USER 10001", 'ENTRYPOINT ["/opt/venv/bin/vllm", "serve"]']
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for fname, data in {"Dockerfile": "\n".join(lines).encode() + b"\n", **files}.items():
-            info = tarfile.TarInfo(fname)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    buffer.seek(0)
-    tag = f"kit/test-verify:python-{name}"
-    client.images.build(fileobj=buffer, custom_context=True, tag=tag, rm=True)
-    return tag
+    return build_context(client, f"python-{name}", {"Dockerfile": "\n".join(lines).encode() + b"\n", **files})
 
 
 def _checks(tag: str) -> dict:
