@@ -54,16 +54,16 @@ def set_path(path: Path, keys: list[str], value: Any, comment: str = "") -> None
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
-    start, end, indent = 0, len(lines), 0  # the block being searched: lines[start:end], keys at ``indent``
+    # the block being searched: from lines[start] to the first line indented less than ``indent``, its keys' indent
+    start, indent = 0, 0
     for depth, key in enumerate(keys):
         last = depth == len(keys) - 1
         found = None
-        for i in range(start, end):
+        for i in range(start, len(lines)):
             line = lines[i]
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
-            if _indent(line) < indent:
-                end = i
+            if _indent(line) < indent:  # the block ends here, without the key
                 break
             if _indent(line) == indent and re.match(rf"^\s*{re.escape(_key(key))}:(\s|$)", line):
                 found = i
@@ -76,8 +76,9 @@ def set_path(path: Path, keys: list[str], value: Any, comment: str = "") -> None
         prefix = f"{' ' * indent}{_key(key)}:"
         rest = line[len(prefix):]
         if last:
-            match = re.match(rf"^(\s*)({VALUE})(\s+#.*)?\n?$", rest)
-            kept = f"  # {comment}" if comment else ((match.group(3) or "") if match else "")
+            # VALUE ends in a lazy ``.*?``: every line matches, with the user's comment in group 3 when there is one
+            user_comment = re.match(rf"^(\s*)({VALUE})(\s+#.*)?\n?$", rest).group(3)  # type: ignore[union-attr]
+            kept = f"  # {comment}" if comment else (user_comment or "")
             lines[found] = f"{prefix} {_scalar(value)}{kept}\n"
             break
         if rest.strip().startswith("{"):  # a flow mapping: rewrite that line from its parsed value
@@ -90,17 +91,13 @@ def set_path(path: Path, keys: list[str], value: Any, comment: str = "") -> None
             break
         # a block: its children are the indented lines that follow
         child_indent = None
-        for j in range(found + 1, end):
+        for j in range(found + 1, len(lines)):
             if lines[j].strip() and not lines[j].lstrip().startswith("#"):
                 child_indent = _indent(lines[j]) if _indent(lines[j]) > indent else None
                 break
+        # the next depth's search starts under this key and stops at the first line indented less than the children,
+        # which is where this block ends
         start = found + 1
-        block_end = end
-        for j in range(start, end):
-            if lines[j].strip() and not lines[j].lstrip().startswith("#") and _indent(lines[j]) <= indent:
-                block_end = j
-                break
-        end = block_end
         if child_indent is None:  # an empty block: the rest of the path goes right under it
             lines[start:start] = _block_lines(keys[depth + 1:], value, indent + 2, comment)
             break

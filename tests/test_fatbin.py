@@ -51,25 +51,53 @@ def test_committed_real_objects(name, expected):
     assert fatbin.archs(FIX / name) == expected
 
 
-def elf_without_device_code(path: Path) -> Path:
-    """A 64-bit little-endian relocatable ELF written byte by byte (System V gABI layout): a .text section with
-    four bytes of code and the section-name table, no .nv_fatbin. Nothing on this machine decides what it holds."""
-    names = b"\0.text\0.shstrtab\0"
-    text = b"\x90\x90\x90\xc3"  # nop nop nop ret
-    body_at = 64
-    names_at = body_at + len(text)
-    shoff = (names_at + len(names) + 7) // 8 * 8
+def elf(path: Path, sections: list[tuple[bytes, int, bytes]], shoff: int | None = None, shnum: int | None = None) -> Path:
+    """A 64-bit little-endian relocatable ELF written byte by byte (System V gABI layout): the given (name, sh_type,
+    bytes) sections after a SHT_NULL one, then the section-name table. ``shoff``/``shnum`` override the header's
+    e_shoff/e_shnum. Nothing on this machine decides what it holds."""
+    names = b"\0" + b"".join(name + b"\0" for name, _, _ in sections) + b".shstrtab\0"
+    body, placed, at = b"", [], 64
+    for name, kind, data in sections:
+        placed.append((names.index(b"\0" + name + b"\0") + 1, kind, at + len(body), len(data)))
+        body += data
+    names_at = 64 + len(body)
+    table_at = (names_at + len(names) + 7) // 8 * 8
+    count = len(sections) + 2
     ident = b"\x7fELF" + bytes([2, 1, 1, 0]) + b"\0" * 8  # ELFCLASS64, ELFDATA2LSB, EV_CURRENT, System V
-    header = ident + struct.pack("<HHIQQQIHHHHHH", 1, 62, 1, 0, 0, shoff, 0, 64, 0, 0, 64, 3, 2)
+    header = ident + struct.pack("<HHIQQQIHHHHHH", 1, 62, 1, 0, 0, table_at if shoff is None else shoff, 0, 64, 0, 0,
+                                 64, count if shnum is None else shnum, count - 1)
 
     def section(name: int, kind: int, offset: int, size: int) -> bytes:
         return struct.pack("<IIQQQQIIQQ", name, kind, 0, 0, offset, size, 0, 0, 1, 0)
 
-    sections = (section(0, 0, 0, 0) + section(1, 1, body_at, len(text))  # SHT_NULL, .text SHT_PROGBITS
-                + section(7, 3, names_at, len(names)))  # .shstrtab SHT_STRTAB
-    blob = header + text + names
-    path.write_bytes(blob + b"\0" * (shoff - len(blob)) + sections)
+    table = section(0, 0, 0, 0) + b"".join(section(*s) for s in placed)  # SHT_NULL first
+    table += section(names.index(b".shstrtab"), 3, names_at, len(names))  # SHT_STRTAB
+    blob = header + body + names
+    path.write_bytes(blob + b"\0" * (table_at - len(blob)) + table)
     return path
+
+
+def elf_without_device_code(path: Path) -> Path:
+    """A .text section with four bytes of code (nop nop nop ret) and no .nv_fatbin."""
+    return elf(path, [(b".text", 1, b"\x90\x90\x90\xc3")])  # SHT_PROGBITS
+
+
+def container(*entries: bytes) -> bytes:
+    """A fat container as NVIDIA's fatbin.h lays it out (ZLUDA's zluda_dump reads the same): u32 magic 0xBA55ED50,
+    u16 version, u16 header size (16), u64 size of the entries that follow."""
+    body = b"".join(entries)
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+def entry(kind: int, arch: int, payload: bytes = b"", header: int = 0x40, flags: int = 0) -> bytes:
+    """One entry: u16 kind (1 PTX, 2 ELF), u16 unknown, u32 header size, u64 payload size, u32 arch at 0x1c, and from
+    a 0x30-byte header on, u64 flags at 0x28 (0x2000 = compressed)."""
+    head = bytearray(header)
+    struct.pack_into("<HHIQ", head, 0, kind, 0x0101, header, len(payload))
+    struct.pack_into("<I", head, 0x1C, arch)
+    if header >= 0x30:
+        struct.pack_into("<Q", head, 0x28, flags)
+    return bytes(head) + payload
 
 
 def test_file_without_device_code(tmp_path):
@@ -176,3 +204,66 @@ def test_the_module_reads_its_own_command_line(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["fatbin", str(FIX / "sm70.o"), "--expect", "70"])
     assert fatbin.main() == 0
     assert capsys.readouterr().out == f"{FIX / 'sm70.o'}: sass=[70] ptx=[]\n"
+
+
+def test_the_compressed_flag_is_bit_0x2000_of_the_flags_word():
+    blob = container(entry(2, 70, b"\1" * 8, header=0x30, flags=0x2000),  # the smallest header that has flags
+                     entry(2, 75, b"\2" * 8, flags=0x0001),  # another bit: not compressed
+                     entry(2, 80, flags=0))
+    assert fatbin.parse_fatbin(blob) == [fatbin.Entry("sass", 70, True), fatbin.Entry("sass", 75, False),
+                                         fatbin.Entry("sass", 80, False)]
+
+
+def test_flags_are_read_from_the_entry_s_own_header():
+    # a 0x20-byte header has no flags word: the payload bytes where it would be say nothing; nor do the bytes before
+    # the header (the previous entry's payload, all ones)
+    blob = container(entry(2, 70, b"\xff" * 0x40), entry(2, 80, b"\xff" * 0x40),
+                     entry(1, 70, b"\0" * 8 + struct.pack("<Q", 0x2000), header=0x20))
+    assert fatbin.parse_fatbin(blob) == [fatbin.Entry("sass", 70, False), fatbin.Entry("sass", 80, False),
+                                         fatbin.Entry("ptx", 70, False)]
+
+
+def test_an_entry_that_ends_exactly_at_the_container_s_end_is_read():
+    assert fatbin.parse_fatbin(container(entry(2, 70, header=0x20))) == [fatbin.Entry("sass", 70, False)]
+    assert fatbin.parse_fatbin(container(entry(2, 70), entry(1, 86, header=0x20))) == [
+        fatbin.Entry("sass", 70, False), fatbin.Entry("ptx", 86, False)]
+
+
+def test_sixteen_trailing_bytes_are_a_container_header_to_check():
+    good = container(entry(2, 70))
+    with pytest.raises(fatbin.FatbinError, match=f"^bad fatbin magic 0x00000001 at offset {len(good)}$"):
+        fatbin.parse_fatbin(good + struct.pack("<IIQ", 1, 0, 0))
+    assert len(struct.pack("<IIQ", 1, 0, 0)) == 16
+    assert [e.arch for e in fatbin.parse_fatbin(good + b"\0" * 15)] == [70]  # under 16 bytes: padding, not a header
+
+
+def test_a_zero_header_entry_ends_its_container_not_the_section():
+    # what follows a zero-size entry header in one container is not read; the next container is
+    stop = entry(2, 80, b"\3" * 16)
+    stop = stop[:4] + struct.pack("<I", 0) + stop[8:]  # header size 0, kind and arch still set
+    blob = container(entry(2, 70), stop) + container(entry(2, 86))
+    assert [e.arch for e in fatbin.parse_fatbin(blob)] == [70, 86]
+
+
+def test_section_headers_are_read_only_when_the_elf_says_it_has_them(tmp_path):
+    fat = container(entry(2, 70))
+    whole = elf(tmp_path / "a.so", [(b".nv_fatbin", 1, fat)])
+    assert fatbin.archs(whole) == {"sass": [70], "ptx": []}
+    # e_shoff = 0 with a count, and a table offset with e_shnum = 0: either way, no section table to read
+    assert fatbin._sections(elf(tmp_path / "b.so", [(b".nv_fatbin", 1, fat)], shoff=0).read_bytes()) == {}
+    assert fatbin._sections(elf(tmp_path / "c.so", [(b".nv_fatbin", 1, fat)], shnum=0).read_bytes()) == {}
+
+
+def test_section_names_outside_ascii_and_sections_without_bytes(tmp_path):
+    # a name byte outside ASCII does not stop the read; a SHT_NOBITS (8) section has no bytes in the file, even when
+    # it is called .nv_fatbin and its offset points at a container
+    fat = container(entry(2, 70))
+    path = elf(tmp_path / "a.so", [(b".caf\xe9", 1, b"\0" * 4), (b".nv_fatbin", 8, fat)])
+    sections = fatbin._sections(path.read_bytes())
+    assert sections[".caf\ufffd"] == (64, 4) and ".nv_fatbin" not in sections
+    assert fatbin.archs(path) == {"sass": [], "ptx": []}
+
+
+def test_without_expect_every_file_passes(capsys):
+    assert fatbin.main([str(FIX / "sm70_80.o"), str(FIX / "ptx70.o")]) == 0
+    assert capsys.readouterr().err == ""
