@@ -142,10 +142,12 @@ def requires(f: Fields, p: dict[str, Any]) -> dict[str, Any] | None:
 
 @check
 def version_between(f: Fields, p: dict[str, Any]) -> dict[str, Any] | None:
-    if f.get(p["when_field"]) != p["when"]:
+    """A version outside [min, below) is refused; ``below`` may be left out (no upper end), and ``when_field`` /
+    ``when`` limit the rule to configs where that field has that value."""
+    if "when_field" in p and f.get(p["when_field"]) != p["when"]:
         return None
     value = _version_text(f.get(p["field"], ""))
-    if not is_version(value) or (at_least(value, p["min"]) and not at_least(value, p["below"])):
+    if not is_version(value) or (at_least(value, p["min"]) and not ("below" in p and at_least(value, p["below"]))):
         return None
     return {"value": value}
 

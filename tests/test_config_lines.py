@@ -87,9 +87,9 @@ def test_setting_types_against_their_defaults(tmp_path):
     path.write_text("engines: {vllm: {model_file: null, gpu_memory_utilization: 1}}\n")  # "" may be left empty
     assert cfg.load(path).engine_settings("vllm")["gpu_memory_utilization"] == 1
     assert line_for(tmp_path, "engines: {vllm: {ref: null}}\n") == (
-        "engines.vllm.ref: None has the wrong type; use a value like 'v0.11.0'")
+        "engines.vllm.ref: None has the wrong type; use a value like 'v0.19.1'")
     assert line_for(tmp_path, "engines: {vllm: {ref: [v1]}}\n") == (
-        "engines.vllm.ref: ['v1'] has the wrong type; use a value like 'v0.11.0'")
+        "engines.vllm.ref: ['v1'] has the wrong type; use a value like 'v0.19.1'")
     assert line_for(tmp_path, "engines: {vllm: {extra_args: --x}}\n") == (
         "engines.vllm.extra_args: '--x' has the wrong type; use a value like []")
     assert line_for(tmp_path, "build: {jobs: 2.5}\n") == "build.jobs: 2.5 is not allowed; use a number or 'auto'"

@@ -146,7 +146,7 @@ def test_mirrors_and_ca_bundle(configure, tmp_path):
 def test_apt_nccl_package_matches_cuda_minor(configure):
     text = render_case("vllm-dual-v100")["images/vllm/Dockerfile"]
     assert "libnccl2=2.27.3-1+cuda12.6" in text and "nvidia/cuda:12.6.3-devel" in text
-    assert "torch==2.8.0" in text and "whl/cu126" in text
+    assert "torch==2.10.0" in text and "whl/cu126" in text
 
 
 def test_wheel_engine_installs_offline_from_wheelhouse():

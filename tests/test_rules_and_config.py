@@ -22,7 +22,12 @@ RULE_CASES = {
     ),
     "vllm-release-drops-volta": (
         {"stack": {"primary": "vllm"}, "engines": {"vllm": {"ref": "v0.31.0"}}},
-        "engines.vllm.ref: vLLM v0.31.0 requires compute capability 7.5+, not sm_70; pin engines.vllm.ref: v0.11.0",
+        "engines.vllm.ref: vLLM v0.31.0 requires compute capability 7.5+, not sm_70; pin engines.vllm.ref: v0.19.1",
+    ),
+    "vllm-serve-args-need-0.13": (
+        {"stack": {"primary": "vllm"}, "engines": {"vllm": {"ref": "v0.12.0"}}},
+        "engines.vllm.ref: vLLM 0.12.0 has no --attention-backend flag, which kit's vLLM command passes (added in "
+        "0.13.0); pin engines.vllm.ref: v0.19.1 (or any release from v0.13.0 on)",
     ),
     "torch-variant-drops-volta": (
         {"stack": {"primary": "vllm"}, "engines": {"vllm": {"torch_variant": "cu128", "torch": "2.11.0"}}},
@@ -255,7 +260,9 @@ def test_a_git_ref_with_a_leading_v_is_compared_as_its_version():
     with pytest.raises(KitError) as err:
         make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"ref": "v0.31.0"}}})
     assert err.value.field == "engines.vllm.ref"
-    make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"ref": "v0.11.0"}}})
+    make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"ref": "v0.19.1"}}})
+    make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"ref": "v0.13.0"}}})  # the first with the flag
+    make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"ref": "a1b2c3d"}}})  # a commit: not a version
 
 
 def test_torch_cu128_keeps_volta_below_2_11():
