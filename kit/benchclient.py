@@ -137,10 +137,12 @@ def consume(sample: Sample, lines: Iterable[bytes], clock: Callable[[], float]) 
                 sample.error = f"server error: {str(event['error'])[:120]}"
                 return sample
             now = clock()
-            if event.get("usage"):
-                sample.output_tokens = int(event["usage"].get("completion_tokens") or 0)
-                sample.prompt_tokens = int(event["usage"].get("prompt_tokens") or 0)
-                sample.tokens_from = "usage"
+            usage = event.get("usage")
+            if usage:
+                sample.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                if usage.get("completion_tokens") is not None:  # a usage without it leaves the chunks counted
+                    sample.output_tokens = int(usage["completion_tokens"])
+                    sample.tokens_from = "usage"
             if event.get("timings"):
                 sample.server_timings = event["timings"]
             for choice in event.get("choices") or []:
