@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable
@@ -75,18 +75,16 @@ def run(url: str, *, api_key: str | None = None, model: str | None = None, names
             count = requests_per or max(c, 4)
             prompts = prompts_for(name, count, seed, salt=str(c))
             start = time.perf_counter()
-            pool = ThreadPoolExecutor(max_workers=c)
-            futures = [pool.submit(client.one, name, c, p, max_tokens, seed) for p in prompts]
-            pending = set(futures)
-            try:
-                while pending and not client.stop.is_set():
-                    _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            except KeyboardInterrupt:  # a caller without the CLI's handler
-                client.stop.set()
-            # on a stop: drop what did not start; what is in flight ends at its next chunk
-            pool.shutdown(wait=True, cancel_futures=True)
+            with ThreadPoolExecutor(max_workers=c) as pool:
+                futures = [pool.submit(client.one, name, c, p, max_tokens, seed) for p in prompts]
+                try:
+                    wait(futures)
+                except KeyboardInterrupt:  # a caller without the CLI's handler: stop as its Event would
+                    client.stop.set()
+            # after a stop, what was in flight ended at its next chunk and what was queued returned unsent: neither
+            # is a sample
             wall = time.perf_counter() - start
-            samples = [f.result() for f in futures if not f.cancelled() and f.result().error != INTERRUPTED]
+            samples = [s for s in (f.result() for f in futures) if s.error != INTERRUPTED]
             if samples:
                 result.samples += samples
                 summary = summarize(samples, wall)

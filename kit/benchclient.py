@@ -82,8 +82,9 @@ class Client:
             try:
                 self.model = reply.json()["data"][0]["id"]
             except (ValueError, KeyError, IndexError, TypeError):
-                self.model = "default"
-        return self.model or "default"
+                pass
+            self.model = self.model or "default"  # the list said nothing usable (or an empty id)
+        return self.model
 
     def one(self, scenario: str, concurrency: int, prompt: str, max_tokens: int, seed: int) -> Sample:
         sample = Sample(scenario, concurrency, ok=False)

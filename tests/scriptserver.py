@@ -46,12 +46,13 @@ class Request:
 
 def response(status: int, body: bytes = b"", content_type: str = "application/json") -> bytes:
     reason = {200: "OK", 401: "Unauthorized", 404: "Not Found", 500: "Internal Server Error"}.get(status, "Status")
-    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
-            .encode() + body)
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n".encode() + body)
 
 
 def stream_head() -> bytes:
-    return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+            b"Connection: close\r\n\r\n")
 
 
 def chunk(data: bytes) -> bytes:
@@ -68,7 +69,8 @@ def event(obj: dict | str) -> bytes:
 
 class ScriptServer:
     """Each request gets ``reply(request)``: a list of steps (bytes written as they are, an Event waited for, HANG,
-    CLOSE). The connection closes after the script."""
+    CLOSE). The connection closes after the script, and the replies say so (``Connection: close``): a client that
+    pooled it would race the close on its next request."""
 
     def __init__(self, reply: Callable[[Request], list[Step]]) -> None:
         self.reply = reply

@@ -178,6 +178,95 @@ def test_a_preflight_refused_is_one_line(status, line):
 
 
 def test_a_preflight_failing_otherwise_lets_the_run_count_failures():
+    lines: list[str] = []
     with Server(post=lambda request: [response(500, b"busy")]) as server:
-        run = bench.run(server.url, names=["short"], concurrency=[1], requests_per=2, warmup=0)
+        run = bench.run(server.url, names=["short"], concurrency=[1], requests_per=2, warmup=0, echo=lines.append)
     assert run.results[0].failures == 2 and run.results[0].errors == ["HTTP 500: busy"]
+    # no request decoded anything: the per-request speed reads 0.0, not a made-up figure
+    assert lines == ["short  x1:     0.0 tok/s total,    0.0 tok/s per request, 2 failed"]
+
+
+def test_the_table_seed_picks_the_prompts(monkeypatch):
+    """Warm-up and measured prompts both come from the table's seed: another seed, other picks (for these two
+    seeds the first four picks differ; random.Random of a string seed is the same on every machine)."""
+    def sent(seed: int) -> list[str]:
+        table = {**bench.scenarios(), "seed": seed}
+        monkeypatch.setattr(bench, "scenarios", lambda: table)
+        with Server() as server:
+            bench.run(server.url, names=["short"], concurrency=[1], requests_per=4, warmup=1)
+        return [p["messages"][0]["content"].split("] ", 1)[1] for p in server.posts()[1:]]
+
+    first, second = sent(20261202), sent(7)
+    assert first != second
+    assert sent(20261202) == first
+
+
+def test_a_request_stopped_mid_stream_is_left_out():
+    """The stop lands while the second measured request is streaming: it ends at its next chunk, is not a sample,
+    and the third never starts."""
+    stop = threading.Event()
+    release = threading.Event()
+    measured = []
+
+    def post(request: Request) -> list:
+        if request.json["max_tokens"] == 1:  # the preflight
+            return token_stream()
+        measured.append(request)
+        if len(measured) == 2:
+            stop.set()
+            return [stream_head(), chunk(event({"choices": [{"index": 0, "delta": {"content": "t"}}]})), release]
+        return token_stream()
+
+    with Server(post=post) as server:
+        run = bench.run(server.url, names=["short"], concurrency=[1], requests_per=3, warmup=0, stop=stop)
+        release.set()
+    assert run.interrupted and len(measured) == 2
+    assert [s.ok for s in run.samples] == [True] and run.results[0].requests == 1
+
+
+def test_a_ctrl_c_without_the_cli_handler_stops_the_run_like_the_event():
+    """A caller that leaves SIGINT to Python gets a KeyboardInterrupt in the thread waiting on the requests: the run
+    stops as the CLI's Event stops it. The signal is sent once the main thread is inside concurrent.futures' wait
+    (read off its stack, no sleeping on a guess), while the first request is held mid-stream."""
+    import os
+    import signal
+    import sys
+
+    main = threading.main_thread()
+
+    def main_is_waiting() -> bool:
+        frame = sys._current_frames().get(main.ident)
+        while frame is not None:
+            if frame.f_code.co_name == "wait" and "concurrent" in frame.f_code.co_filename:
+                return True
+            frame = frame.f_back
+        return False
+
+    stop = threading.Event()
+    release = threading.Event()
+
+    def interrupt() -> None:
+        for _ in range(1000):  # 10 s at most
+            if main_is_waiting():
+                os.kill(os.getpid(), signal.SIGINT)
+                break
+            threading.Event().wait(0.01)
+        stop.wait(10)  # the run saw the interrupt: let the held stream go on, so its reader sees the stop
+        release.set()
+
+    def post(request: Request) -> list:
+        if request.json["max_tokens"] == 1:
+            return token_stream()
+        threading.Thread(target=interrupt, daemon=True).start()
+        return [stream_head(), chunk(event({"choices": [{"index": 0, "delta": {"content": "t"}}]})), release,
+                *token_stream()[1:]]
+
+    # Python's own SIGINT behaviour, whatever the test runner installed (mutmut has a handler of its own)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with Server(post=post) as server:
+            run = bench.run(server.url, names=["short"], concurrency=[1], requests_per=2, warmup=0, stop=stop)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert run.interrupted and run.samples == [] and run.results == []
+    assert len(server.posts()) == 2  # the preflight and the one held; the queued one was never sent

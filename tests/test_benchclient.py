@@ -82,6 +82,7 @@ def test_a_url_that_is_not_http_is_one_line_naming_the_flag(url):
     ("http://127.0.0.1:8080/v1", "http://127.0.0.1:8080"),
     ("http://127.0.0.1:8080/v1/", "http://127.0.0.1:8080"),
     ("http://127.0.0.1:8080/proxy/v1//", "http://127.0.0.1:8080/proxy"),
+    ("http://127.0.0.1:8080/llm-X/", "http://127.0.0.1:8080/llm-X"),  # only slashes go
 ])
 def test_the_base_url_drops_slashes_and_v1(url, base):
     assert benchclient.Client(url, None, None, 5).base == base
@@ -112,7 +113,7 @@ def test_probe_keeps_a_model_given_and_sends_no_key_without_one():
 
 
 @pytest.mark.parametrize("body", [b"not json", b'{"data":[]}', b'{"object":"list"}', b'{"data":[{"name":"x"}]}',
-                                  b"[1]"])
+                                  b"[1]", b'{"data":[{"id":""}]}', b'{"data":[{"id":null}]}'])
 def test_probe_names_the_model_default_when_the_list_says_nothing(body):
     with ScriptServer(models_reply(body)) as server:
         client = benchclient.Client(server.url, None, None, 5)
@@ -372,9 +373,11 @@ class Reply:
 
 
 def test_lines_split_across_reads_and_crlf_endings():
-    raw = Pieces(b"data: {\"a\"", b":1}\r\n\r\nda", b"ta: [DONE]\r", b"\n", b"tail without newline")
-    assert list(benchclient._sse_lines(Reply(raw))) == [b'data: {"a":1}', b"", b"data: [DONE]",
-                                                        b"tail without newline"]
+    raw = Pieces(b"data: {\"a\"", b":1}\r\n\r\nid: X\r\nretry: 1 \r\nda", b"ta: [DONE]\r", b"\n",
+                 b"tail without newline ")
+    # only the CR of a CRLF goes: "id: X" keeps its X, "retry: 1 " and the tail their spaces
+    assert list(benchclient._sse_lines(Reply(raw))) == [b'data: {"a":1}', b"", b"id: X", b"retry: 1 ",
+                                                        b"data: [DONE]", b"tail without newline "]
 
 
 def test_a_body_without_read1_is_read_in_kilobytes():
@@ -413,3 +416,15 @@ def test_the_first_event_is_read_before_the_next_is_sent():
 def test_request_objects_record_what_arrived():
     request = Request("GET", "/", ["Authorization: Bearer k", "Host: x"])
     assert request.header("authorization") == "Bearer k" and request.header("Content-Length") is None
+
+
+def test_each_worker_thread_keeps_its_own_session():
+    """requests.Session is not thread-safe: one per worker thread, reused for its requests (keep-alive), never
+    shared."""
+    client = benchclient.Client("http://127.0.0.1:9", None, None, 5)
+    mine = client.session()
+    other: list = []
+    worker = threading.Thread(target=lambda: other.append(client.session()))
+    worker.start()
+    worker.join()
+    assert client.session() is mine and other[0] is not mine

@@ -211,6 +211,7 @@ def test_a_flipped_byte_fails_the_checksum_and_leaves_no_file(tiny_repo, tmp_pat
     storage.flip_byte = model.parts[0].sha256
     with pytest.raises(KitError) as err:
         hub.pull(repo, model, tmp_path / "m", echo=lambda _l: None)
+    assert err.value.field == "model.source"
     assert "arrived with sha256" in err.value.problem and "the download was deleted" in err.value.problem
     assert not (tmp_path / "m" / "tiny-F32.gguf").exists()
     assert not list((tmp_path / "m" / hub.STAGING).rglob("tiny-F32.gguf"))
@@ -264,6 +265,7 @@ def test_a_missing_part_is_named(tmp_path):
     write_sparse_27b(tmp_path / "m-00001-of-00002.gguf", "Q8_0", TINY, arch="llama", split=(0, 2))
     with pytest.raises(KitError) as err:
         modelinfo.read(tmp_path / "m-00001-of-00002.gguf")
+    assert err.value.field == "MODEL"  # the CLI argument; a stack's resolution renames it to its model field
     assert "m-00002-of-00002.gguf is missing" in err.value.problem and "kit model pull" in err.value.fix
 
 
