@@ -57,7 +57,11 @@ class FetchedSource(_Record):
 
 
 class BuildInputs(_Record):
+    # the compilers: every engine built on one base lists the same, so the CUDA toolchain layers after them are shared
+    # (a cold CI run installs the toolkit once, not once per engine)
     packages: list[str] = Field(default_factory=list)
+    # what only this engine's compile needs, installed after the toolchain (torch-source)
+    extra_packages: list[str] = Field(default_factory=list)
     cmake: dict[str, str] = Field(default_factory=dict)
     targets: list[str] = Field(default_factory=list)
     torch_index: str = ""

@@ -337,6 +337,14 @@ class TorchSourceRecipe(Recipe):
 
     name = "torch-source"
 
+    def packages(self) -> dict[str, list[str]]:
+        # the compilers and the GPU toolchain in the same layers as the cmake recipe's on this base (one CUDA toolkit
+        # download and install for both engines), then what only this engine's compile needs
+        build, toolchain = self._build_and_toolchain()
+        extra = _new(build + toolchain, list(self.engine.build.extra_packages))
+        return {"build_packages": build, "toolchain_packages": toolchain, "extra_packages": extra,
+                "runtime_packages": self._runtime_packages()}
+
     def manifest(self) -> dict[str, Any]:
         return {**super().manifest(), "torch_cuda_arch_list": archs.torch(self.archs) if self.gpu else None}
 

@@ -1,4 +1,4 @@
-"""CI's disk keeper (.ci/drop_stale_images.py) against a real dockerd: after a run it removes what no tier tagged,
+"""CI's disk keeper (.ci/docker_disk.py drop-stale) against a real dockerd: after a run it removes what no tier tagged,
 and never the base a fresh image is built on (``docker rmi`` of a parent only takes its tag away, and the next run
 would import a new base and build cold). Scoped with ``--only`` to this test's own tags."""
 
@@ -31,12 +31,11 @@ def test_images_no_run_tagged_go_and_the_base_of_a_fresh_one_stays(docker_ready,
     time.sleep(1.1)
     child = build_context(client, "ci-disk-fresh-child", dockerfile(parent, "RUN echo c > /c"))
     try:
-        dry = subprocess.run([sys.executable, str(ROOT / ".ci" / "drop_stale_images.py"), since, "--only", PREFIX,
-                              "--dry-run"], capture_output=True, text=True, check=True).stdout
+        script = [sys.executable, str(ROOT / ".ci" / "docker_disk.py"), "drop-stale", since, "--only", PREFIX]
+        dry = subprocess.run([*script, "--dry-run"], capture_output=True, text=True, check=True).stdout
         assert dry.count("would remove") == 1 and stale_leaf in dry
         assert client.images.get(stale_leaf)  # a dry run removes nothing
-        subprocess.run([sys.executable, str(ROOT / ".ci" / "drop_stale_images.py"), since, "--only", PREFIX],
-                       check=True, capture_output=True)
+        subprocess.run(script, check=True, capture_output=True)
         tags = {t for image in client.images.list() for t in image.tags}
         assert stale_leaf not in tags
         assert {parent, child} <= tags
