@@ -4,16 +4,20 @@
     docker_disk.py drop-stale SINCE [--only PREFIX] [--dry-run]    after a green run
 
 A pin or recipe change leaves its old images behind for good, and one run died of ``no space left on device`` in two
-CUDA toolkit installs. ``prepare`` removes stopped containers, untagged layers and the images no run tagged in the
-last three days, then checks that the free space and the cached images together cover a cold run's need (a cache
-that small builds most of the run anew): if not, the whole cache goes (a cold run), and with less than the need
-still free it stops with one line. ``drop-stale`` removes the tagged images no build of this run tagged.
+CUDA toolkit installs. ``prepare`` removes stopped containers, untagged images older than three days and the images
+no run tagged in the last three days, then checks that the free space and the cached images together cover a cold
+run's need (a cache that small builds most of the run anew): if not, the whole cache goes (a cold run), and with less
+than the need still free it stops with one line. ``drop-stale`` removes the tagged images no build of this run
+tagged.
 
 An image is stale when Docker's ``Metadata.LastTagTime`` is before SINCE (RFC 3339, UTC; a build re-tags its image
 even when every layer came from the cache) and no fresh image is built on it: ``docker rmi`` of a parent only takes
 its tag away, and the next run would import a new base and build everything cold. Parents are read from each
-image's ``Parent`` (the legacy builder records it). ``--only`` limits the removal to tags starting with PREFIX (the
-test of this script touches nothing but its own images).
+image's ``Parent`` (the legacy builder records it). Untagged images go only after three days: the stages of a
+multi-stage build that the final image does not descend from (llama.cpp's ``core`` and ``gpu-backend``, where the
+compiles happen) are untagged leaves, and pruning them as "dangling" makes every run compile llama.cpp again (it
+did, for one run: 20 minutes more). ``--only`` limits the removal to tags starting with PREFIX (the test of this
+script touches nothing but its own images).
 """
 
 from __future__ import annotations
@@ -60,13 +64,11 @@ def drop_stale(client: docker.DockerClient, since: str, dry_run: bool = False, o
             if not dry_run:
                 client.images.remove(tag)
             print(f"[ci] {'would remove' if dry_run else 'removed'} stale image {tag} (last tagged {tagged_at(attrs)})")
-    if not dry_run and not only:
-        client.images.prune(filters={"dangling": True})
 
 
 def prepare(client: docker.DockerClient, need_gib: float) -> int:
     client.containers.prune()
-    client.images.prune(filters={"dangling": True})
+    client.images.prune(filters={"dangling": True, "until": "72h"})  # never this week's build stages (the docstring)
     three_days_ago = (datetime.now(timezone.utc) - timedelta(days=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
     drop_stale(client, three_days_ago)
     cached = (client.df().get("LayersSize") or 0) / GIB
