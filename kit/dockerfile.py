@@ -165,10 +165,12 @@ class Recipe:
                 "cmake_flags": sorted(flags.items())}
 
     def packages(self) -> dict[str, list[str]]:
-        """apt packages per stage: the engine's build tools, then the GPU toolchain (CUDA, pip, the NCCL probe's
-        compiler) in one list (cmake splits them, see CmakeRecipe), and the runtime's."""
+        """apt packages per stage: the engine's build tools (stage compilers), the GPU toolchain (CUDA, pip, the NCCL
+        probe's compiler), what only this engine's compile needs after them, and the runtime's. The first two are
+        the shared stages of templates/dockerfile/_toolchain.j2: one set of layers for every engine on a base."""
         build, toolchain = self._build_and_toolchain()
-        return {"build_packages": build + toolchain, "toolchain_packages": [],
+        extra = _new(build + toolchain, list(self.engine.build.extra_packages))
+        return {"build_packages": build, "toolchain_packages": toolchain, "extra_packages": extra,
                 "runtime_packages": self._runtime_packages()}
 
     def _build_and_toolchain(self) -> tuple[list[str], list[str]]:
@@ -321,12 +323,6 @@ class CmakeRecipe(Recipe):
     name = "cmake"
     needs_pip = False
 
-    def packages(self) -> dict[str, list[str]]:
-        # the engine's build tools are shared by every flavor on one base; CUDA, pip and NCCL are the GPU toolchain
-        # stage's, so the core's layers stay the same for every flavor
-        build, toolchain = self._build_and_toolchain()
-        return {"build_packages": build, "toolchain_packages": toolchain, "runtime_packages": self._runtime_packages()}
-
     def helpers(self) -> list[str]:
         # nccl-linked.sh reads CMake's cache for the NCCL the compile used
         return super().helpers() + (["nccl-linked.sh"] if self.nccl else [])
@@ -336,14 +332,6 @@ class TorchSourceRecipe(Recipe):
     """A PyTorch extension project compiled from source (vLLM) against torch from a wheel index."""
 
     name = "torch-source"
-
-    def packages(self) -> dict[str, list[str]]:
-        # the compilers and the GPU toolchain in the same layers as the cmake recipe's on this base (one CUDA toolkit
-        # download and install for both engines), then what only this engine's compile needs
-        build, toolchain = self._build_and_toolchain()
-        extra = _new(build + toolchain, list(self.engine.build.extra_packages))
-        return {"build_packages": build, "toolchain_packages": toolchain, "extra_packages": extra,
-                "runtime_packages": self._runtime_packages()}
 
     def manifest(self) -> dict[str, Any]:
         return {**super().manifest(), "torch_cuda_arch_list": archs.torch(self.archs) if self.gpu else None}
@@ -358,6 +346,12 @@ class WheelRecipe(Recipe):
 
     name = "wheel"
     source = "wheelhouse"
+
+    def packages(self) -> dict[str, list[str]]:
+        # nothing compiled: one builder stage installs the tools and the toolchain together
+        stages = super().packages()
+        merged = stages["build_packages"] + stages["toolchain_packages"] + stages["extra_packages"]
+        return {**stages, "build_packages": merged, "toolchain_packages": [], "extra_packages": []}
 
 
 RECIPES: dict[str, type[Recipe]] = {r.name: r for r in (CmakeRecipe, TorchSourceRecipe, WheelRecipe)}

@@ -55,6 +55,24 @@ def test_torch_from_the_pip_index_and_sources_from_folders(tmp_path):
     assert "ENV VLLM_NCCL_SO_PATH=/opt/kit/nccl/nvidia/nccl/lib/libnccl.so.2\n" in text
 
 
+def test_vllm_and_llama_cpp_share_the_toolchain_layers():
+    """On one base, the vLLM toolchain and llama.cpp's cuda image start with the same instructions through the CUDA
+    toolkit and the NCCL check (templates/dockerfile/_toolchain.j2), so Docker's cache holds one CUDA toolkit for
+    both; only then does vLLM add its own build packages. Comments aside, nothing may differ before that point."""
+    fixtures = ROOT / "tests" / "fixtures"
+
+    def instructions(fixture: str, engine: str) -> list[str]:
+        text = dockerfile.render_files(cfg.load(fixtures / fixture), engine)["Dockerfile"]
+        return [line for line in str(text).splitlines() if line.strip() and not line.startswith("#")]
+
+    llama = instructions("debian-cuda-ci.yaml", "llama.cpp")
+    vllm = instructions("vllm-offline-ci.yaml", "vllm")
+    check = next(i for i, line in enumerate(vllm) if "nccl-check.sh builder" in line)
+    assert "nvidia-cuda-toolkit" in " ".join(vllm[:check])
+    assert vllm[:check + 2] == llama[:check + 2]  # through the check's RUN and its last line
+    assert "ninja-build" in " ".join(vllm[check + 2:check + 5])
+
+
 def test_the_default_route_keeps_the_pytorch_index_and_fetches():
     text = dockerfile.render_files(make_config({**OFFLINE, "cuda": {}, "nccl": {}}), "vllm")["Dockerfile"]
     assert '--index-url https://download.pytorch.org/whl/cu126' in text
