@@ -36,7 +36,7 @@ PROMPT_TOKENS, OUTPUT_TOKENS, USERS, ROUNDS = 1291, 128, 4, 3
 
 
 def prepare(folder: Path, source: Path) -> None:
-    from kit import config as cfg, dockerfile, serving
+    from kit import config as cfg, dockerfile, resolve
     from tests.ggufmodels import SHAPES_27B, write_sparse_27b
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -50,7 +50,7 @@ def prepare(folder: Path, source: Path) -> None:
         config = cfg.from_dict({"preset": name, "model": {"dir": str(model.parent), "file": MODEL_NAME}})
         if "llama.cpp" not in config.engine_names() or config.hardware.gpus == 0:
             continue
-        presets[name] = serving.command(config, "llama.cpp")
+        presets[name] = list(resolve.engine(config, "llama.cpp").argv)
     default = presets["dual-v100-nvlink"]
     old = _without(default, "--parallel", "--kv-unified-per-slot") + ["--ctx-size", "16384", "--parallel", "1"]
     # the two compiles exactly as the image's Dockerfile runs them (core without CUDA, then the CUDA module)

@@ -131,11 +131,12 @@ def render(
     written = renderer.render_stack(config, output, target)
     for rel in written:
         out.print(f"  {output / rel}")
-    notes = resolve.notes(config)
+    stack = resolve.stack(config)
+    notes = stack.notes
     if target == "k8s":
         from kit import k8s
 
-        notes += k8s.notes(config)
+        notes += k8s.notes(stack)
     for note in notes:
         _echo(f"note: {note}")
     out.print(f"rendered {len(written)} files into {output}/")
@@ -447,10 +448,12 @@ def panel_export(
 ) -> None:
     """Write one 1Panel local app per engine, checked against the validator's rules."""
     from kit import render as renderer
+    from kit import resolve
     from kit.panel import check, export
 
     config = _config(config_path)
-    files = export.export_files(config, engine or None)
+    names = engine or export.runnable_apps(config)
+    files = export.export_files(resolve.stack(config, names), names)
     renderer.write_tree(output, files)
     problems = check.check_store(output)
     for p in problems:

@@ -16,9 +16,10 @@ from typing import Any
 
 import yaml
 
-from kit import __version__, catalog, resolve, serving, templating
+from kit import __version__, resolve, serving, templating
 from kit.containerspec import GPU_ULIMITS, engine_env, gpu_block, healthcheck, logging_block
 from kit.config import StackConfig
+from kit.resolve import ResolvedStack
 from kit.services import FRONT_DOOR, FRONT_DOOR_PORT, Service, front_door_image, services
 
 API_KEY_VAR = "KIT_API_KEY"
@@ -32,26 +33,26 @@ def _ports(config: StackConfig, service: Service, address: str = "") -> list[str
     return [f"{bind}{service.host_port}:{service.container_port}"]
 
 
-def engine_service(config: StackConfig, service: Service, address: str = "") -> dict[str, Any]:
-    name = service.engine or ""
-    engine = catalog.get(name)
-    env = engine_env(config, name, f"${{{API_KEY_VAR}}}" if config.serve.api_key else None)
+def engine_service(stack: ResolvedStack, service: Service, address: str = "") -> dict[str, Any]:
+    config = stack.config
+    resolved = stack.engine(service.engine or "")
+    env = engine_env(resolved, f"${{{API_KEY_VAR}}}" if config.serve.api_key else None)
     body: dict[str, Any] = {
         "image": service.image,
         "pull_policy": "never" if not config.build.push else "missing",
         "container_name": f"{config.stack.name}-{service.name}",
-        "entrypoint": list(engine.entrypoint),
-        "command": serving.command(config, name),
+        "entrypoint": list(resolved.entry.entrypoint),
+        "command": list(resolved.argv),
         "environment": env,
         "ports": _ports(config, service, address),
         "volumes": [f"${{{MODEL_DIR_VAR}}}:{serving.MODEL_MOUNT}:ro"],
         "ipc": "host",
-        "healthcheck": healthcheck(config, name),
+        "healthcheck": healthcheck(resolved),
         "restart": "unless-stopped",
         "logging": logging_block(),
-        "labels": {"io.kit.role": service.role, "io.kit.engine": name},
+        "labels": {"io.kit.role": service.role, "io.kit.engine": resolved.name},
     }
-    if resolve.gpu(config, name):
+    if resolved.gpu:
         body["ulimits"] = dict(GPU_ULIMITS)
         body["deploy"] = gpu_block(config.hardware.device_ids)
     return body
@@ -75,17 +76,16 @@ def front_door_service(config: StackConfig, service: Service, engines: list[Serv
     }
 
 
-def compose_dict(config: StackConfig, address: str = "") -> dict[str, Any]:
+def compose_dict(stack: ResolvedStack, address: str = "") -> dict[str, Any]:
     """The stack's compose file; ``address``: a replica host's, where its engine publishes."""
-    all_services = services(config)
-    engines = [s for s in all_services if s.engine]
+    engines = [s for s in stack.services if s.engine]
     body: dict[str, Any] = {}
-    for service in all_services:
+    for service in stack.services:
         if service.engine:
-            body[service.name] = engine_service(config, service, address)
+            body[service.name] = engine_service(stack, service, address)
         else:
-            body[service.name] = front_door_service(config, service, engines)
-    return {"name": config.stack.name, "services": body}
+            body[service.name] = front_door_service(stack.config, service, engines)
+    return {"name": stack.config.stack.name, "services": body}
 
 
 HEADER = (
@@ -94,8 +94,8 @@ HEADER = (
 )
 
 
-def compose_yaml(config: StackConfig, address: str = "") -> str:
-    text = yaml.safe_dump(compose_dict(config, address), sort_keys=False, default_flow_style=False, width=1000,
+def compose_yaml(stack: ResolvedStack, address: str = "") -> str:
+    text = yaml.safe_dump(compose_dict(stack, address), sort_keys=False, default_flow_style=False, width=1000,
                           allow_unicode=True)
     return HEADER.format(version=__version__) + text
 
@@ -139,11 +139,12 @@ class Upstream:
     note: str  # which host, for a replica
 
 
-def upstreams(config: StackConfig) -> list[Upstream]:
+def upstreams(stack: ResolvedStack) -> list[Upstream]:
     """The primary here, each replica host's primary, the fallback as backup: what the front door chooses from."""
     from kit import hosts
 
-    by_role = {s.role: s for s in services(config)}
+    config = stack.config
+    by_role = {s.role: s for s in stack.services}
     primary = by_role["primary"]
     found = [Upstream(f"{primary.name}:{primary.container_port}", False, "")]
     for target in hosts.replicas(config):
@@ -155,15 +156,14 @@ def upstreams(config: StackConfig) -> list[Upstream]:
     return found
 
 
-def nginx_conf(config: StackConfig) -> str | None:
-    all_services = services(config)
-    if not any(s.role == FRONT_DOOR for s in all_services):
+def nginx_conf(stack: ResolvedStack) -> str | None:
+    front = next((s for s in stack.services if s.role == FRONT_DOOR), None)
+    if front is None:
         return None
     from kit import hosts
 
-    front = next(s for s in all_services if s.role == FRONT_DOOR)
     return templating.render("front-door/nginx.conf.j2", {
-        "kit_version": __version__, "upstreams": upstreams(config), "balanced": bool(hosts.replicas(config)),
+        "kit_version": __version__, "upstreams": upstreams(stack), "balanced": bool(hosts.replicas(stack.config)),
         "port": front.container_port,
     })
 
@@ -182,32 +182,34 @@ def front_door_image_files(config: StackConfig) -> dict[str, str | Path]:
     return files
 
 
-def files(config: StackConfig, out_dir: Path | None = None) -> dict[str, str | Path]:
+def files(stack: ResolvedStack, out_dir: Path | None = None) -> dict[str, str | Path]:
     """compose.yaml, .env and the front door's nginx.conf, for the renderer (its image: render.image_files)."""
     existing = read_env(out_dir / ".env") if out_dir else {}
     existing = {**existing, API_KEY_VAR: api_key(existing)}  # one key for every host's .env
-    result: dict[str, str | Path] = {"compose.yaml": compose_yaml(config), ".env": env_text(config, existing)}
-    conf = nginx_conf(config)
+    result: dict[str, str | Path] = {"compose.yaml": compose_yaml(stack), ".env": env_text(stack.config, existing)}
+    conf = nginx_conf(stack)
     if conf:
         result["front-door/nginx.conf"] = conf
-    result.update(replica_files(config, existing))
+    result.update(replica_files(stack, existing))
     return result
 
 
-def replica_files(config: StackConfig, existing: dict[str, str]) -> dict[str, str | Path]:
+def replica_files(stack: ResolvedStack, existing: dict[str, str]) -> dict[str, str | Path]:
     """``hosts/<name>/``: each further host's compose.yaml (a replica's engine, or a worker's rpc-server), .env (the
-    same API key and model path) and host.env (how to reach its Docker)."""
+    same API key and model path) and host.env (how to reach its Docker). A replica host's stack is resolved for its
+    own config (its GPUs); a worker runs no engine, so its config gives only the image and the GPU request."""
     from kit import hosts
 
+    config = stack.config
     result: dict[str, str | Path] = {}
     for target in hosts.targets(config)[1:]:
         on_host = hosts.host_config(config, target)
         folder = hosts.folder(target)
         if target.worker:
             result[f"{folder}/compose.yaml"] = HEADER.format(version=__version__) + yaml.safe_dump(
-                worker_dict(config, target), sort_keys=False, default_flow_style=False, width=1000)
+                worker_dict(stack, target), sort_keys=False, default_flow_style=False, width=1000)
         else:
-            result[f"{folder}/compose.yaml"] = compose_yaml(on_host, target.address)
+            result[f"{folder}/compose.yaml"] = compose_yaml(resolve.stack(on_host), target.address)
         result[f"{folder}/.env"] = env_text(on_host, existing)
         result[f"{folder}/{hosts.ENV_FILE}"] = hosts.env_text(target)
     return result
@@ -216,14 +218,15 @@ def replica_files(config: StackConfig, existing: dict[str, str]) -> dict[str, st
 RPC_WORKER = "rpc-worker"  # the io.kit.role of a host's rpc-server
 
 
-def worker_dict(config: StackConfig, target: Any) -> dict[str, Any]:
+def worker_dict(stack: ResolvedStack, target: Any) -> dict[str, Any]:
     """A worker host's compose file: rpc-server from the primary's image, its GPUs, published on the host's address
     (every interface only with ``stack.rpc_listen_all``: rpc-server has no authentication)."""
     from kit import hosts
 
+    config = stack.config
     lent = hosts.host_config(config, target)
-    name = config.stack.primary
-    rpc = catalog.get(name).rpc
+    name = stack.primary.name
+    rpc = stack.primary.entry.rpc
     assert rpc is not None  # config._check_rpc_workers
     bind = "" if config.stack.rpc_listen_all else f"{target.address}:"
     body: dict[str, Any] = {

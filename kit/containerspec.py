@@ -8,8 +8,13 @@ from typing import Any
 
 import yaml
 
-from kit import catalog, paths, resolve, serving
+from typing import TYPE_CHECKING
+
+from kit import paths
 from kit.config import StackConfig
+
+if TYPE_CHECKING:
+    from kit.resolve import ResolvedEngine
 
 
 @lru_cache(maxsize=1)
@@ -44,19 +49,16 @@ def gpu_block(device_ids: list[str]) -> dict[str, Any]:
 GPU_ULIMITS = {"memlock": -1, "stack": 67108864}
 
 
-def engine_env(config: StackConfig, name: str, api_key_ref: str | None) -> dict[str, str]:
-    """An engine's environment: NCCL settings for GPU flavors, the catalog's env, the API key as a reference."""
-    engine = catalog.get(name)
-    env: dict[str, str] = {}
-    if resolve.gpu(config, name):
-        env.update(nccl_env(config))
-    env.update(serving.environment(config, name))
-    if api_key_ref and engine.serve.api_key_env:
-        env[engine.serve.api_key_env] = api_key_ref
+def engine_env(resolved: ResolvedEngine, api_key_ref: str | None) -> dict[str, str]:
+    """An engine's environment: the resolved one (NCCL settings for GPU flavors, the catalog's env), then the API key
+    as a reference (``${KIT_API_KEY}``, ``${API_KEY}``: each output keeps the key where it keeps secrets)."""
+    env = dict(resolved.env)
+    if api_key_ref and resolved.entry.serve.api_key_env:
+        env[resolved.entry.serve.api_key_env] = api_key_ref
     return env
 
 
-def healthcheck(config: StackConfig, name: str) -> dict[str, Any]:
+def healthcheck(resolved: ResolvedEngine) -> dict[str, Any]:
     """The engine's health command with a start period long enough to load the model."""
-    return {"test": ["CMD", *catalog.get(name).health_cmd], "interval": "15s", "timeout": "5s", "retries": 3,
-            "start_period": f"{serving.start_period_s(config)}s"}
+    return {"test": ["CMD", *resolved.entry.health_cmd], "interval": "15s", "timeout": "5s", "retries": 3,
+            "start_period": f"{resolved.start_period_s}s"}

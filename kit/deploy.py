@@ -17,7 +17,7 @@ from typing import Any
 
 import requests
 
-from kit import compose, dockerhost, hosts, imagecopy, logscan, render
+from kit import compose, dockerhost, hosts, imagecopy, logscan, render, resolve
 from kit.config import StackConfig
 from kit.errors import CheckFailed, KitError
 from kit.services import FRONT_DOOR, endpoint, services
@@ -113,8 +113,6 @@ ENGINE_UID = 10001  # the non-root user of kit images
 
 def require_model(config: StackConfig) -> None:
     """Every engine's model is on this host and readable: else a missing file waits out the health timeout."""
-    from kit import resolve
-
     from kit.modelinfo import split_parts
 
     for name in config.engine_names():
@@ -162,7 +160,7 @@ def _port_holder(port: int) -> str:
 
 def require_gpus(config: StackConfig, client: Any = None, where: str = "this Docker") -> None:
     """A GPU flavor needs Docker to hand out NVIDIA GPUs; else compose fails late with a driver error."""
-    from kit import doctor, resolve
+    from kit import doctor
 
     gpu = [n for n in config.engine_names() if resolve.engine(config, n).gpu]
     if gpu and not doctor.gpu_runtime((client or dockerhost.client()).info()):
@@ -174,7 +172,7 @@ def require_gpus(config: StackConfig, client: Any = None, where: str = "this Doc
 def require_replicas_fit(config: StackConfig) -> None:
     """A replica host with its own hardware holds the model too (planned from the header on this machine): else
     that host waits out its health timeout on an out-of-memory loop."""
-    from kit import plan, resolve
+    from kit import plan
 
     info = resolve.model_info(config, config.stack.primary)
     if info is None:
@@ -199,7 +197,7 @@ def require_replica_model(config: StackConfig, target: hosts.Target, client: Any
     with a throwaway container of the engine's image (its files are not on this machine)."""
     from docker.errors import ContainerError
 
-    from kit import resolve, serving
+    from kit import serving
 
     name = config.stack.primary
     path = resolve.host_model_path(config, name)
@@ -235,8 +233,6 @@ def deploy(config: StackConfig, out: Path, timeout_s: float | None = None,
            echo: Callable[[str], None] = print, fail_on_restart: bool = False) -> str:
     """Workers first (the primary connects to them as it starts), replicas next (the front door starts with its
     upstreams up), then this machine's stack, then one request."""
-    from kit import resolve
-
     preflight(config)
     render.render_stack(config, out)
     for note in resolve.notes(config):
@@ -285,7 +281,7 @@ def front_door_view(config: StackConfig) -> list[dict[str, str]]:
     if not front or health(front[0]) in ("exited", "dead", "created"):
         return []
     rows = []
-    for upstream in compose.upstreams(config):
+    for upstream in compose.upstreams(resolve.stack(config)):
         probe = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "3",
                  f"http://{upstream.address}/health"]
         code, output = front[0].exec_run(probe)

@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from kit import __version__, archs, catalog, cudasource, serving
+from kit import __version__, archs, catalog, cudasource, resolve
 from kit.imagetag import engine_cuda_version
 from kit.config import StackConfig
 from kit.errors import KitError
@@ -90,7 +90,7 @@ class Recipe:
         self.config = config
         self.engine = catalog.get(engine_name)
         self.settings = config.engine_settings(engine_name)
-        self.flavor_name = serving.flavor(config, engine_name)
+        self.flavor_name = resolve.flavor(config, engine_name)
         self.flavor = self.engine.flavors[self.flavor_name]
         self.gpu = self.flavor.gpu
         self.ca_bundle = ca_bundle
@@ -289,7 +289,7 @@ class Recipe:
             "requirement": settings.get("requirement", ""),
             "entrypoint": engine.entrypoint,
             "port": engine.port,
-            "health": {"cmd": engine.health_cmd, "start_period": serving.start_period_s(config)},
+            "health": {"cmd": engine.health_cmd, "start_period": resolve.start_period_s(config)},
             "user": USER,
             "labels": self.labels(),
             "manifest": self.manifest(),

@@ -33,7 +33,7 @@ class Finding:
 
 
 @lru_cache(maxsize=1)
-def facts() -> dict[str, Any]:
+def drivers_table() -> dict[str, Any]:
     return yaml.safe_load((paths.images_dir() / "drivers.yaml").read_text(encoding="utf-8"))
 
 
@@ -92,13 +92,13 @@ def check_driver(config: StackConfig, gpus: list[nvsmi.Gpu], driver_cuda: str | 
                  today: dt.date) -> None:
     driver = gpus[0].driver
     branch = driver.split(".")[0]
-    info = facts()["branches"].get(branch)
+    info = drivers_table()["branches"].get(branch)
     volta = any(g.arch < 75 for g in gpus)
-    if volta and int(branch) > facts()["volta_last_branch"]:
+    if volta and int(branch) > drivers_table()["volta_last_branch"]:
         report.add("driver", "fail", f"driver {driver} (R{branch}) has no Volta support; install R580 (LTSB) or R535")
         return
     cuda_major = config.cuda.version.split(".")[0]
-    needed = facts()["cuda_min_driver"].get(cuda_major)
+    needed = drivers_table()["cuda_min_driver"].get(cuda_major)
     if needed and not at_least(driver, needed):
         report.add("driver", "fail", f"driver {driver} cannot run CUDA {config.cuda.version} images (needs >= {needed}); "
                                      f"use cuda.version 12.9.1 or install R580")
@@ -142,7 +142,7 @@ def check_gpus(config: StackConfig, gpus: list[nvsmi.Gpu], report: Report) -> No
             report.add(f"gpu{g.index}-pcie", "warn",
                        f"GPU{g.index} link is PCIe gen{g.pcie_gen_max} x{g.pcie_width} (card max x{g.pcie_width_max}) "
                        "under a split model: move it to a CPU-attached x16/x8 slot")
-        hot = facts()["hot_celsius"]
+        hot = drivers_table()["hot_celsius"]
         if g.temperature is not None and g.temperature >= hot:
             report.add(f"gpu{g.index}-temperature", "warn",
                        f"GPU{g.index} at {g.temperature} C (>= {hot}): passive V100s need forced airflow or a blower")
@@ -161,7 +161,7 @@ def _throttle(mask: str) -> list[str]:
         value = int(mask, 16)
     except ValueError:
         return []
-    return [name for bit, name in facts()["throttle_bits"].items() if value & int(bit, 16)]
+    return [name for bit, name in drivers_table()["throttle_bits"].items() if value & int(bit, 16)]
 
 
 def peer_traffic(config: StackConfig) -> bool:
@@ -225,7 +225,7 @@ def check_docker(report: Report, info: dict[str, Any] | None, compose_ok: bool, 
         free = shutil.disk_usage(root).free / 2**30
     except OSError:
         return
-    need = facts()["min_docker_free_gib"]
+    need = drivers_table()["min_docker_free_gib"]
     report.add("disk", "ok" if free >= need else "warn",
                f"{free:.0f} GiB free in {root}" + ("" if free >= need else f"; CUDA builds need ~{need} GiB"))
 

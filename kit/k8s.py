@@ -27,10 +27,11 @@ from typing import Any
 
 import yaml
 
-from kit import __version__, catalog, compose, containerspec, resolve, serving
+from kit import __version__, compose, containerspec, serving
 from kit.config import StackConfig
 from kit.errors import KitError
-from kit.services import FRONT_DOOR, Service, services
+from kit.resolve import ResolvedStack
+from kit.services import FRONT_DOOR, Service
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -66,16 +67,17 @@ def secret_name(config: StackConfig) -> str:
     return f"{config.stack.name}-api-key"
 
 
-def _engine_container(config: StackConfig, service: Service) -> dict[str, Any]:
-    name = service.engine or ""
-    engine = catalog.get(name)
-    gpu = resolve.gpu(config, name)
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in containerspec.engine_env(config, name, None).items()]
+def _engine_container(stack: ResolvedStack, service: Service) -> dict[str, Any]:
+    config = stack.config
+    resolved = stack.engine(service.engine or "")
+    engine = resolved.entry
+    gpu = resolved.gpu
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in containerspec.engine_env(resolved, None).items()]
     if config.serve.api_key and engine.serve.api_key_env:
         env.append({"name": engine.serve.api_key_env,
                     "valueFrom": {"secretKeyRef": {"name": secret_name(config), "key": compose.API_KEY_VAR}}})
     # the start period as probe failures: the engine may load that long before the liveness probe counts
-    startup_failures = math.ceil(serving.start_period_s(config) / PROBE_PERIOD_S)
+    startup_failures = math.ceil(resolved.start_period_s / PROBE_PERIOD_S)
     mounts = [{"name": "models", "mountPath": serving.MODEL_MOUNT, "readOnly": True}]
     if gpu:
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
@@ -84,7 +86,7 @@ def _engine_container(config: StackConfig, service: Service) -> dict[str, Any]:
         "image": service.image,
         "imagePullPolicy": "IfNotPresent",
         "command": list(engine.entrypoint),
-        "args": serving.command(config, name),
+        "args": list(resolved.argv),
         "env": env,
         "ports": [{"name": "http", "containerPort": service.container_port}],
         "startupProbe": _http_probe(engine.health, service.container_port, PROBE_PERIOD_S, startup_failures),
@@ -98,12 +100,13 @@ def _engine_container(config: StackConfig, service: Service) -> dict[str, Any]:
     return container
 
 
-def _engine_pod(config: StackConfig, service: Service) -> dict[str, Any]:
-    container = _engine_container(config, service)
+def _engine_pod(stack: ResolvedStack, service: Service) -> dict[str, Any]:
+    config = stack.config
+    container = _engine_container(stack, service)
     volumes: list[dict[str, Any]] = [
         {"name": "models", "hostPath": {"path": compose.host_model_dir(config), "type": "Directory"}}]
     pod: dict[str, Any] = {"containers": [container], "volumes": volumes}
-    if resolve.gpu(config, service.engine or ""):
+    if stack.engine(service.engine or "").gpu:
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
         pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": PRODUCT_LABEL, "operator": "In",
@@ -126,9 +129,10 @@ def _front_door_pod(config: StackConfig, service: Service) -> dict[str, Any]:
             "volumes": [{"name": "conf", "configMap": {"name": f"{config.stack.name}-front-door"}}]}
 
 
-def deployment(config: StackConfig, service: Service) -> dict[str, Any]:
-    pod = _engine_pod(config, service) if service.engine else _front_door_pod(config, service)
-    gpu = service.engine is not None and resolve.gpu(config, service.engine)
+def deployment(stack: ResolvedStack, service: Service) -> dict[str, Any]:
+    config = stack.config
+    pod = _engine_pod(stack, service) if service.engine else _front_door_pod(config, service)
+    gpu = service.engine is not None and stack.engine(service.engine).gpu
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": service.name, "labels": _labels(config, service)},
@@ -152,28 +156,30 @@ def service_object(config: StackConfig, service: Service, entry: bool) -> dict[s
             "spec": spec}
 
 
-def objects(config: StackConfig) -> dict[str, list[dict[str, Any]]]:
+def objects(stack: ResolvedStack) -> dict[str, list[dict[str, Any]]]:
     """The manifests by file name (without the namespace and the kustomization)."""
+    config = stack.config
     if not DNS_LABEL.match(config.stack.name):
         raise KitError("stack.name", f"{config.stack.name!r} is not a Kubernetes namespace name",
                        "use lowercase letters, digits and '-' (at most 63), starting and ending with a letter or digit")
-    all_services = services(config)
+    all_services = stack.services
     entry = next((s for s in all_services if s.role == FRONT_DOOR), all_services[0])
     out: dict[str, list[dict[str, Any]]] = {}
     for service in all_services:
-        docs = [deployment(config, service), service_object(config, service, service is entry)]
+        docs = [deployment(stack, service), service_object(config, service, service is entry)]
         if service.role == FRONT_DOOR:
             docs.insert(0, {"apiVersion": "v1", "kind": "ConfigMap",
                             "metadata": {"name": f"{config.stack.name}-front-door", "labels": _labels(config, service)},
-                            "data": {"nginx.conf": compose.nginx_conf(config) or ""}})
+                            "data": {"nginx.conf": compose.nginx_conf(stack) or ""}})
         out[f"{service.name}.yaml"] = docs
     return out
 
 
-def notes(config: StackConfig) -> list[str]:
+def notes(stack: ResolvedStack) -> list[str]:
     """What a cluster must give these manifests that compose on one box does not need."""
+    config = stack.config
     out: list[str] = []
-    gpu_services = [s for s in services(config) if s.engine and resolve.gpu(config, s.engine)]
+    gpu_services = [s for s in stack.services if s.engine and stack.engine(s.engine).gpu]
     if len(gpu_services) > 1:
         names = " and ".join(s.name for s in gpu_services)
         out.append(f"k8s: {names} each ask for {config.hardware.gpus} {GPU_RESOURCE}: pods share no GPU unless the "
@@ -225,9 +231,10 @@ def problems(docs: list[dict[str, Any]], expose: bool, secret: str = "") -> list
     return found
 
 
-def files(config: StackConfig, api_key: str) -> dict[str, str]:
+def files(stack: ResolvedStack, api_key: str) -> dict[str, str]:
     """``k8s/*``: the namespace, one file per service, the kustomization and the key's env file (mode 0600)."""
-    by_file = objects(config)
+    config = stack.config
+    by_file = objects(stack)
     namespace = {"apiVersion": "v1", "kind": "Namespace",
                  "metadata": {"name": config.stack.name, "labels": {"app.kubernetes.io/managed-by": "kit"}}}
     docs = [namespace, *(d for file_docs in by_file.values() for d in file_docs)]

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kit import dockerfile
+from kit import dockerfile, resolve
 from kit.config import StackConfig
 from kit.errors import KitError
 
@@ -25,12 +25,13 @@ TARGETS = ("compose", "k8s")
 def image_files(config: StackConfig) -> Files:
     """``images/``: every image the stack builds, the engines' and the front door's, whichever target runs them."""
     from kit import compose
+    from kit.services import FRONT_DOOR, services
 
     files: Files = {}
     for name in config.engine_names():
         for rel, content in dockerfile.render_files(config, name).items():
             files[f"images/{name}/{rel}"] = content
-    if compose.nginx_conf(config):
+    if any(s.role == FRONT_DOOR for s in services(config)):
         for rel, content in compose.front_door_image_files(config).items():
             files[f"images/front-door/{rel}"] = content
     return files
@@ -46,6 +47,7 @@ def collect(config: StackConfig, out_dir: Path | None = None, target: str = "com
     if ca and not Path(ca).is_file():
         raise KitError("mirrors.ca_bundle", f"{ca} is not a file", "point it at a PEM bundle on this host")
     files = image_files(config)
+    stack = resolve.stack(config)
     if target == "k8s":
         from kit import k8s
 
@@ -54,12 +56,12 @@ def collect(config: StackConfig, out_dir: Path | None = None, target: str = "com
                            "drop hosts: for --target k8s (more replicas: scale the Deployment)")
         existing = {**compose.read_env(out_dir / "k8s" / k8s.API_KEY_FILE), **compose.read_env(out_dir / ".env")} \
             if out_dir else {}
-        files.update(k8s.files(config, compose.api_key(existing)))
+        files.update(k8s.files(stack, compose.api_key(existing)))
         return files
-    files.update(compose.files(config, out_dir))
+    files.update(compose.files(stack, out_dir))
     from kit.panel import export
 
-    for rel, content in export.export_files(config, config.engine_names()).items():
+    for rel, content in export.export_files(stack, config.engine_names()).items():
         files[f"appstore/{rel}"] = content
     return files
 

@@ -1,5 +1,9 @@
 """Resolve the stack once: config + catalog + the model's own header -> the values every output reads.
 
+The route: ``stack(config)`` -> ``ResolvedStack`` (its services, and per engine a ``ResolvedEngine``: catalog entry,
+flavor, settings, context, image, serve argv, environment) -> compose, the 1Panel apps and the Kubernetes manifests,
+which read that value and call neither the catalog nor the config's engine settings again.
+
 Some settings cannot be right for every model: speculative decoding with the model's MTP head exists only when the
 GGUF carries MTP layers (llama-server exits at load otherwise), and ``model.ctx: auto`` is whatever fits. They are
 decided here, once per config, from the model file when it is on this machine, and recorded with a note saying
@@ -12,15 +16,16 @@ KV cache to slots x ctx and caps each slot at ctx; vLLM: ``--max-num-seqs``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from kit import catalog
+from kit import catalog, containerspec, imagetag, serving
 from kit.config import StackConfig
 from kit.errors import KitError
 from kit.modelinfo import ModelInfo
+from kit.services import Service, services
 
 AUTO = "auto"
 
@@ -30,6 +35,7 @@ class ResolvedEngine:
     """One engine of the stack, every value decided."""
 
     name: str
+    entry: catalog.Engine  # the engine's catalog entry (images/<engine>.yaml)
     flavor: str
     gpu: bool  # the flavor runs on GPUs and the stack has some
     settings: Mapping[str, Any]  # catalog defaults + config overrides, model-dependent values decided
@@ -38,6 +44,12 @@ class ResolvedEngine:
     ctx: int  # the longest single request, in tokens
     slots: int  # requests served at once
     notes: tuple[str, ...]  # what was read from the model or assumed without it
+    image: str  # the engine image's tag (imagetag: the config alone decides it)
+    start_period_s: int  # how long the engine may load before failed health checks count
+    # the serve flags after the entrypoint, inside its container, and the environment (NCCL for GPU flavors, the
+    # catalog's env; each output adds the API key): formatted by `serving` from the values above
+    argv: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def speculative(self) -> bool:
@@ -50,6 +62,39 @@ def engine(config: StackConfig, name: str) -> ResolvedEngine:
     if name not in cache:
         cache[name] = _resolve(config, name)
     return cache[name]
+
+
+@dataclass(frozen=True)
+class ResolvedStack:
+    """What every output of a stack reads: the config's plain values, its services, its engines resolved."""
+
+    config: StackConfig
+    services: tuple[Service, ...]
+    engines: Mapping[str, ResolvedEngine]  # the stack's own (primary, fallback), then any asked for by name
+
+    def engine(self, name: str) -> ResolvedEngine:
+        return self.engines[name]
+
+    @property
+    def primary(self) -> ResolvedEngine:
+        return self.engines[self.config.stack.primary]
+
+    @property
+    def notes(self) -> list[str]:
+        """Every note of the stack's engines, for `kit render` and `kit deploy` to print."""
+        return [note for name in self.config.engine_names() for note in self.engines[name].notes]
+
+
+def stack(config: StackConfig, names: tuple[str, ...] | list[str] = ()) -> ResolvedStack:
+    """The stack resolved once per config; ``names``: further catalog engines to resolve under the stack's settings
+    (`kit panel export` makes an app for every engine)."""
+    wanted = tuple(dict.fromkeys([*config.engine_names(), *names]))
+    cache = config.resolution_cache()
+    key = f"stack:{','.join(wanted)}"
+    if key not in cache:
+        cache[key] = ResolvedStack(config=config, services=tuple(services(config)),
+                                   engines=MappingProxyType({name: engine(config, name) for name in wanted}))
+    return cache[key]
 
 
 def model_info(config: StackConfig, name: str) -> ModelInfo | None:
@@ -105,6 +150,11 @@ def flavor(config: StackConfig, name: str) -> str:
     return value
 
 
+def start_period_s(config: StackConfig) -> int:
+    """Time before failed health checks count: 60 s plus 10 s per GiB of weights (a 15 GB model from a SATA SSD)."""
+    return int(60 + 10 * model_size_gib(config))
+
+
 def gpu(config: StackConfig, name: str) -> bool:
     """The engine runs on GPUs: its flavor is a GPU one and the stack has GPUs (the one place that decides it; no
     model needed, so `kit status` and `kit down` can ask it anywhere)."""
@@ -132,11 +182,14 @@ def _resolve(config: StackConfig, name: str) -> ResolvedEngine:
         notes.append(f"model.ctx auto: {ctx} tokens per request x {config.serve.concurrency} fit{capped} (kit plan)")
     elif info is not None and info.context_length and int(ctx) > info.context_length:
         notes.append(trained_length_note(int(ctx), info))
-    return ResolvedEngine(
-        name=name, flavor=flavor_name, gpu=gpu(config, name),
+    decided = ResolvedEngine(
+        name=name, entry=record, flavor=flavor_name, gpu=gpu(config, name),
         settings=MappingProxyType(settings), model_file=model_file(config, name), host_model_path=path,
         ctx=int(ctx), slots=config.serve.concurrency, notes=tuple(notes),
+        image=imagetag.image_tag(config, name), start_period_s=start_period_s(config),
     )
+    env = {**(containerspec.nccl_env(config) if decided.gpu else {}), **serving.environment(config, decided)}
+    return replace(decided, argv=tuple(serving.command(config, decided)), env=MappingProxyType(env))
 
 
 def _decide(name: str, key: str, value: str, rule: Any, config: StackConfig, path: Path, notes: list[str]) -> str:
@@ -173,4 +226,4 @@ def trained_length_note(ctx: int, info: ModelInfo) -> str:
 
 def notes(config: StackConfig) -> list[str]:
     """Every note of every engine of the stack, for `kit render` and `kit deploy` to print."""
-    return [note for name in config.engine_names() for note in engine(config, name).notes]
+    return stack(config).notes

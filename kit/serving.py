@@ -1,28 +1,33 @@
-"""How an engine is started: its argv from the catalog's flag table, its environment, its health timing.
+"""How an engine is started: its argv from the catalog's flag table and its environment, formatted from an engine
+whose settings are decided (``resolve.ResolvedEngine``).
 
-Used by compose, the 1Panel apps and the Dockerfile healthcheck, so the three never disagree.
+The resolution stage calls these once per engine and keeps the result (``ResolvedEngine.argv`` and ``.env``), which
+compose, the 1Panel apps and Kubernetes read, so they never disagree; ``kit tune --exec`` calls ``command`` again to
+place the engine on this host instead of in its container.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kit import catalog, resolve
+from kit import catalog
 from kit.config import StackConfig
 from kit.errors import KitError
+
+if TYPE_CHECKING:
+    from kit.resolve import ResolvedEngine
 
 MODEL_MOUNT = "/models"
 LISTEN = "0.0.0.0"  # inside a container: every interface of its own network namespace (compose publishes the port)
 
 
-def flag_values(config: StackConfig, name: str, *, model_dir: str = MODEL_MOUNT, host: str = LISTEN,
-            port: int | None = None) -> dict[str, Any]:
+def flag_values(config: StackConfig, resolved: ResolvedEngine, *, model_dir: str = MODEL_MOUNT, host: str = LISTEN,
+                port: int | None = None) -> dict[str, Any]:
     """Values the flag templates may use: the resolved engine settings plus stack facts. ``model_dir``, ``host`` and
     ``port`` place the engine elsewhere than in its container (``kit tune --exec`` starts the binary on this host)."""
     from kit import hosts
 
-    engine = catalog.get(name)
-    resolved = resolve.engine(config, name)
+    name, engine = resolved.name, resolved.entry
     backend = engine.flavors[resolved.flavor].backend
     # inside the container the GPUs are numbered from 0 (compose device_ids maps them)
     local = [backend.devices.format(i=i) for i in range(config.hardware.gpus)] \
@@ -68,11 +73,11 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-def command(config: StackConfig, name: str, **place: Any) -> list[str]:
+def command(config: StackConfig, resolved: ResolvedEngine, **place: Any) -> list[str]:
     """The argv after the entrypoint, one list item per token (so paths with spaces survive); ``place`` as in
-    ``context``."""
-    engine = catalog.get(name)
-    ctx = flag_values(config, name, **place)
+    ``flag_values``."""
+    name, engine = resolved.name, resolved.entry
+    ctx = flag_values(config, resolved, **place)
     formatted = {k: _format(v) for k, v in ctx.items()}
     argv: list[str] = []
     for arg in engine.serve.args:
@@ -88,21 +93,10 @@ def command(config: StackConfig, name: str, **place: Any) -> list[str]:
     return argv
 
 
-def environment(config: StackConfig, name: str) -> dict[str, str]:
-    engine = catalog.get(name)
-    formatted = {k: _format(v) for k, v in flag_values(config, name).items()}
-    return {key: value.format(**formatted) for key, value in engine.serve.env.items()}
-
-
-def start_period_s(config: StackConfig) -> int:
-    """Time before failed health checks count: 60 s plus 10 s per GiB of weights (a 15 GB model from a SATA SSD)."""
-    from kit import resolve
-
-    return int(60 + 10 * resolve.model_size_gib(config))
-
-
-def flavor(config: StackConfig, name: str) -> str:
-    return resolve.flavor(config, name)
+def environment(config: StackConfig, resolved: ResolvedEngine) -> dict[str, str]:
+    """The catalog's serve env, formatted with the flag values (NCCL's is added by the resolution stage)."""
+    formatted = {k: _format(v) for k, v in flag_values(config, resolved).items()}
+    return {key: value.format(**formatted) for key, value in resolved.entry.serve.env.items()}
 
 
 def on_flavor(argv: list[str], name: str, flavor_name: str) -> list[str]:

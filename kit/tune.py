@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from kit import config as cfg, configedit, paths, roofline, serving, tunespace
+from kit import config as cfg, configedit, paths, resolve, roofline, serving, tunespace
 from kit.errors import KitError
 from kit.tunerun import Runner, measure
 from kit.tunesearch import OK, Journal, Result, Search, Settings, Trial, describe
@@ -112,7 +112,8 @@ def run(raw: dict[str, Any], runner: Runner, *, engine: str | None = None,
         return tunespace.rejected(config, name, space)
 
     def applies(setting: str, point: dict[str, Any]) -> bool:
-        return tunespace.applies(space, setting, serving.flag_values(config_at(point), name))
+        config = config_at(point)
+        return tunespace.applies(space, setting, serving.flag_values(config, resolve.engine(config, name)))
 
     deadline = time.monotonic() + budget_s
     settings = Settings(goal=spec["goal"], noise=float(knobs["noise"]), repeats=int(knobs["repeats"]),

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import requests
 
-from kit import bench, benchstats, catalog, logscan, serving
+from kit import bench, benchstats, catalog, logscan, resolve, serving
 from kit.config import StackConfig
 from kit.errors import CheckFailed, KitError
 from kit.tunesearch import FAILED, OK, OVER_LIMIT, PRUNED, Measurement
@@ -76,7 +76,8 @@ class ExecRunner:
 
     def command(self, config: StackConfig) -> list[str]:
         model_dir = str(Path(config.model.dir).expanduser().resolve())
-        return [str(self.binary), *serving.command(config, self.engine, model_dir=model_dir, host="127.0.0.1",
+        resolved = resolve.engine(config, self.engine)
+        return [str(self.binary), *serving.command(config, resolved, model_dir=model_dir, host="127.0.0.1",
                                                    port=self.port)]
 
     def start(self, config: StackConfig) -> str:
@@ -85,7 +86,7 @@ class ExecRunner:
         if self.proc is not None and self.proc.poll() is None and argv == self.started:
             return url
         self.stop()
-        env = {**os.environ, **serving.environment(config, self.engine)}
+        env = {**os.environ, **resolve.engine(config, self.engine).env}
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as log:
             try:
@@ -160,7 +161,7 @@ class ComposeRunner:
         self.config: StackConfig | None = None
 
     def start(self, config: StackConfig) -> str:
-        from kit import deploy, resolve
+        from kit import deploy
         from kit.services import services
 
         self.config = config

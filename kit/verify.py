@@ -464,7 +464,7 @@ def serves(ins: Inspection) -> tuple[str, str]:
     HEALTHCHECK test polled every second: healthy within the stack's start period, or why not."""
     import time
 
-    from kit import compose, deploy, serving
+    from kit import compose, deploy, resolve, serving
 
     if ins.stack is None:
         raise _Skip("pass --serve (with -c kit.yaml) to start the engine on the stack's model")
@@ -472,8 +472,8 @@ def serves(ins: Inspection) -> tuple[str, str]:
     if not test:
         return "fail", "no HEALTHCHECK to wait for"
     engine = _need_manifest(ins).get("engine", "")
-    argv = serving.command(ins.stack, engine)
-    timeout_s = serving.start_period_s(ins.stack)
+    resolved = resolve.engine(ins.stack, engine)
+    argv, timeout_s = list(resolved.argv), resolved.start_period_s
     container = dockerhost.client().containers.run(
         ins.image.id, command=argv, detach=True, labels={"io.kit.verify": "1"},
         volumes={compose.host_model_dir(ins.stack): {"bind": serving.MODEL_MOUNT, "mode": "ro"}},

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kit import bench, benchclient, benchstats, roofline
+from kit import bench, benchclient, benchstats, resolve, roofline
 from kit.errors import KitError
 from tests.streamserver import StreamServer
 
@@ -212,11 +212,11 @@ def test_roofline():
 def test_against_real_llama_server(cpu_image, tiny_gguf, docker_ready):
     from tests.conftest import wait_ok
     from tests.test_docker_build import FIXTURES
-    from kit import config as cfg, serving
+    from kit import config as cfg
 
     config = cfg.load(FIXTURES / "cpu-ci.yaml")
     container = docker_ready.containers.run(
-        cpu_image.tag, command=serving.command(config, "llama.cpp"), detach=True,
+        cpu_image.tag, command=list(resolve.engine(config, "llama.cpp").argv), detach=True,
         ports={"8080/tcp": ("127.0.0.1", None)}, volumes={str(tiny_gguf.parent): {"bind": "/models", "mode": "ro"}})
     try:
         container.reload()

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from kit import compose, dockerhost, render
+from kit import compose, dockerhost, render, resolve
 from tests.conftest import make_config
 from tests.golden_cases import CASES
 
@@ -133,7 +133,7 @@ def test_the_front_door_service_and_the_engines_labels_by_hand():
     conf mounted read-only, health from /kit/health, restarted unless stopped, json-file logs capped at 3 x 50 MB,
     and the role labels `kit status` / `kit down` find the stack by."""
     config = make_config({"preset": "ninfer-primary", "stack": {"name": "seed"}})
-    services = compose.compose_dict(config)["services"]
+    services = compose.compose_dict(resolve.stack(config))["services"]
     logs = {"driver": "json-file", "options": {"max-size": "50m", "max-file": "3"}}
     assert services["front-door"] == {
         "image": "kit/front-door:0.1.0", "pull_policy": "never", "container_name": "seed-front-door",
@@ -150,13 +150,13 @@ def test_the_front_door_service_and_the_engines_labels_by_hand():
         {"driver": "nvidia", "device_ids": ["0", "1"], "capabilities": ["gpu", "compute", "utility"]}]}}}
     assert services["ninfer"]["healthcheck"]["retries"] == 3
     # images pushed to a registry may be pulled when missing; built here, never
-    pushed = compose.compose_dict(make_config({"preset": "ninfer-primary", "build": {"push": True}}))
+    pushed = compose.compose_dict(resolve.stack(make_config({"preset": "ninfer-primary", "build": {"push": True}})))
     assert pushed["services"]["ninfer"]["pull_policy"] == "missing"
 
 
 def test_no_api_key_means_no_key_variable_anywhere():
     config = make_config({"serve": {"api_key": False}})
-    assert "LLAMA_API_KEY" not in compose.compose_dict(config)["services"]["llama-cpp"]["environment"]
+    assert "LLAMA_API_KEY" not in compose.compose_dict(resolve.stack(config))["services"]["llama-cpp"]["environment"]
     assert "KIT_API_KEY" not in compose.env_text(config)
 
 
@@ -173,13 +173,13 @@ def test_env_file_text_and_reading_it_back(tmp_path):
     env.write_text('# KIT_API_KEY=commented\n  # x=y\nKIT_API_KEY = "kit-a=b"\nno equals sign\nKIT_MODEL_DIR=/m\n')
     assert compose.read_env(env) == {"KIT_API_KEY": "kit-a=b", "KIT_MODEL_DIR": "/m"}
     assert compose.read_env(tmp_path / "missing") == {}
-    kept = compose.files(config, tmp_path)[".env"]
+    kept = compose.files(resolve.stack(config), tmp_path)[".env"]
     assert "KIT_API_KEY=kit-a=b\n" in kept
 
 
 def test_compose_yaml_keeps_the_order_and_the_characters(tmp_path):
     """A reader sees image, entrypoint, command in kit's order, and a model named in Chinese as it is."""
-    text = compose.compose_yaml(make_config({"preset": "cpu", "model": {"file": "千问-27B.gguf"}}))
+    text = compose.compose_yaml(resolve.stack(make_config({"preset": "cpu", "model": {"file": "千问-27B.gguf"}})))
     assert text.startswith("# Rendered by kit 0.1.0: edit kit.yaml")
     body = text.split("services:\n", 1)[1]
     assert body.index("image:") < body.index("entrypoint:") < body.index("command:")

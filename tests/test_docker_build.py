@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from kit import build, config as cfg, dockerfile, rules, verify
+from kit import build, config as cfg, dockerfile, resolve, rules, verify
 from kit.errors import CheckFailed
 from tests.conftest import FIXTURES, stages
 
@@ -33,10 +33,8 @@ def test_cpu_image_verifies(cpu_image):
 
 
 def test_cpu_image_serves_tiny_gguf(cpu_image, tiny_gguf, docker_ready):
-    from kit import serving
-
     config = cfg.load(FIXTURES / "cpu-ci.yaml")
-    argv = serving.command(config, "llama.cpp")
+    argv = list(resolve.engine(config, "llama.cpp").argv)
     container = docker_ready.containers.run(
         cpu_image.tag, command=argv, detach=True, ports={"8080/tcp": ("127.0.0.1", None)},
         volumes={str(tiny_gguf.parent): {"bind": "/models", "mode": "ro"}},
@@ -234,12 +232,12 @@ def test_sm70_image_has_only_sm70_code_and_the_pinned_nccl(sm70_image):
 @pytest.mark.cuda_compile
 def test_sm70_image_without_a_gpu_refuses_to_serve_from_the_cpu(sm70_image, tiny_gguf, docker_ready):
     """No libcuda.so.1 here: the CUDA module cannot load, and the default argv must stop, naming the device."""
-    from kit import logscan, serving
+    from kit import logscan
 
     config = cfg.from_dict({"preset": "dual-v100-nvlink", "model": {"dir": str(tiny_gguf.parent),
                                                                    "file": tiny_gguf.name}})
     container = docker_ready.containers.run(
-        sm70_image.tag, command=serving.command(config, "llama.cpp"), detach=True,
+        sm70_image.tag, command=list(resolve.engine(config, "llama.cpp").argv), detach=True,
         volumes={str(tiny_gguf.parent): {"bind": "/models", "mode": "ro"}})
     try:
         code = container.wait(timeout=120)["StatusCode"]

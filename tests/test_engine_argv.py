@@ -59,7 +59,7 @@ def serving_container(client, image: str, argv: list[str], model: Path):
 def preset_argv(preset: str, model: Path) -> tuple[cfg.StackConfig, list[str]]:
     config = cfg.from_dict({"preset": preset, "model": {"dir": str(model.parent), "file": model.name}})
     rules.validate(config)
-    return config, serving.command(config, ENGINE)
+    return config, list(resolve.engine(config, ENGINE).argv)
 
 
 PRESETS = [name for name in cfg.presets() if ENGINE in cfg.from_dict({"preset": name}).engine_names()]

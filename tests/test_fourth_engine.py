@@ -86,7 +86,7 @@ def with_fourth(tmp_path, monkeypatch):
     shutil.copytree(paths.images_dir(), images)
     (images / "sglang.yaml").write_text(SGLANG)
     monkeypatch.setattr(paths, "images_dir", lambda: images)
-    caches = (catalog._load, rules.table, plan.gpu_table, export.facts)
+    caches = (catalog._load, rules.table, plan.gpu_table, export.panel_table)
     for cached in caches:
         cached.cache_clear()
     yield images

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit import compose, config as cfg, hosts, imagecopy, render
+from kit import compose, config as cfg, hosts, imagecopy, render, resolve
 from kit.errors import KitError
 from tests.conftest import make_config
 from tests.test_compose import COMPOSE, needs_compose
@@ -318,9 +318,7 @@ def test_bad_rpc_workers_are_one_line_naming_the_field(change, line):
 
 
 def test_the_primary_lists_every_workers_devices_after_its_own():
-    from kit import serving
-
-    argv = serving.command(make_config(RPC), "llama.cpp")
+    argv = list(resolve.engine(make_config(RPC), "llama.cpp").argv)
 
     def value(flag):
         return argv[argv.index(flag) + 1]
@@ -442,18 +440,15 @@ def test_a_cpu_worker_lends_one_device_whatever_gpus_it_has():
                                                        "hardware": {"gpus": 2, "memory_gib": 32}}]})
     # the cpu flavor runs no GPU: box2's rpc-server serves its CPU, one device, ratio 1 whatever its cards
     assert hosts.lent_devices(config) == [hosts.LentDevice("box2", False, 32, 1.0)]
-    from kit import serving
 
-    argv = serving.command(config, "llama.cpp")
+    argv = list(resolve.engine(config, "llama.cpp").argv)
     assert argv[argv.index("--device") + 1] == "RPC0" and "--tensor-split" not in argv  # one device: no split
 
 
 def test_a_replica_beside_workers_serves_alone():
-    from kit import serving
-
     config = make_config({**RPC, "hosts": [*RPC["hosts"], {"name": "box4", "docker": "ssh://kit@10.0.0.4"}]})
     (replica,) = hosts.replicas(config)
-    alone = serving.command(hosts.host_config(config, replica), "llama.cpp")
+    alone = list(resolve.engine(hosts.host_config(config, replica), "llama.cpp").argv)
     assert replica.name == "box4" and "--rpc" not in alone  # the workers lend to this machine's primary only
     assert alone[alone.index("--device") + 1] == "CUDA0,CUDA1"
 

@@ -22,7 +22,7 @@ import pytest
 import requests
 import yaml
 
-from kit import build, config as cfg, deploy, dockerhost, hosts, render, rules
+from kit import build, config as cfg, deploy, dockerhost, hosts, render, resolve, rules
 from kit.errors import KitError
 from kit.services import endpoint
 from tests.conftest import FIXTURES, free_port, wait_ok
@@ -261,10 +261,9 @@ def test_one_model_across_two_hosts_over_rpc(box2_over_ssh, tiny_gguf, tmp_path)
     # the same model in one process: the argv kit renders without workers, started on this machine's Docker
     alone = cfg.from_dict({**yaml.safe_load(path.read_text()), "stack": {"name": "kitci-alone"}, "hosts": []})
     port = free_port()
-    from kit import serving
 
     single = dockerhost.client().containers.run(
-        next(s for s in deploy.services(alone) if s.engine).image, serving.command(alone, "llama.cpp"), detach=True,
+        next(s for s in deploy.services(alone) if s.engine).image, list(resolve.engine(alone, "llama.cpp").argv), detach=True,
         ports={"8080/tcp": ("127.0.0.1", port)}, volumes={str(tiny_gguf.parent): {"bind": "/models", "mode": "ro"}},
         name="kitci-single-process")
     try:

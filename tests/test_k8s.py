@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kit import compose, k8s, render
+from kit import compose, k8s, render, resolve
 from kit.errors import KitError
 from kit.services import services
 from tests.conftest import make_config, require
@@ -63,7 +63,7 @@ def test_every_case_builds_and_passes_the_kubernetes_schemas(case, tmp_path, kub
 def test_the_schema_validator_is_awake():
     """A validator that accepts anything would pass every case above: a misspelt field must fail it."""
     config = make_config({})
-    doc = k8s.deployment(config, services(config)[0])
+    doc = k8s.deployment(resolve.stack(config), services(config)[0])
     kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
     doc["spec"]["template"]["spec"]["containers"][0]["comand"] = ["x"]
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -82,7 +82,7 @@ def test_the_default_stack_by_hand(tmp_path, kubectl):
     (container,) = pod["containers"]
     # the exec form: the binary, then the argv compose passes as command (same list, same order)
     assert container["command"] == ["/app/llama-server"]
-    assert container["args"] == compose.compose_dict(make_config({"preset": "dual-v100-nvlink"}))[
+    assert container["args"] == compose.compose_dict(resolve.stack(make_config({"preset": "dual-v100-nvlink"})))[
         "services"]["llama-cpp"]["command"]
     assert container["args"][:2] == ["--model", "/models/Qwen3.8-27B-IQ4_XS.gguf"]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": 2}}
@@ -116,7 +116,7 @@ def test_the_default_stack_by_hand(tmp_path, kubectl):
 def test_cpu_stack_asks_for_no_gpu_and_no_gpu_node():
     config = make_config({"preset": "cpu"})
     (service,) = services(config)
-    pod = k8s.deployment(config, service)["spec"]["template"]["spec"]
+    pod = k8s.deployment(resolve.stack(config), service)["spec"]["template"]["spec"]
     assert "affinity" not in pod and "resources" not in pod["containers"][0]
     assert [v["name"] for v in pod["volumes"]] == ["models"]
 
@@ -188,7 +188,7 @@ def _forge(how) -> dict:
         doc = k8s.service_object(config, service, entry=True)
         doc["spec"]["type"] = {"nodeport": "NodePort", "lb": "LoadBalancer"}[how]
         return doc
-    doc = copy.deepcopy(k8s.deployment(config, service))
+    doc = copy.deepcopy(k8s.deployment(resolve.stack(config), service))
     pod = doc["spec"]["template"]["spec"]
     container = pod["containers"][0]
     if how == "env":
@@ -229,12 +229,12 @@ def test_kit_refuses_to_write_manifests_that_break_a_promise(tmp_path, monkeypat
 
 
 def test_notes_say_what_the_cluster_must_give():
-    both = k8s.notes(make_config({"preset": "ninfer-primary"}))
+    both = k8s.notes(resolve.stack(make_config({"preset": "ninfer-primary"})))
     # ninfer-primary: ninfer and llama.cpp on the same 2 GPUs in compose; 2 + 2 = 4 devices in a cluster
     assert both[0].startswith("k8s: ninfer and llama-cpp each ask for 2 nvidia.com/gpu") and "needs 4 GPUs" in both[0]
     assert "set build.registry" in both[1]
-    assert k8s.notes(make_config({"build": {"registry": "registry.lan:5000/team"}})) == []
-    assert k8s.notes(make_config({"preset": "cpu", "build": {"registry": "harbor.example/kit"}})) == []
+    assert k8s.notes(resolve.stack(make_config({"build": {"registry": "registry.lan:5000/team"}}))) == []
+    assert k8s.notes(resolve.stack(make_config({"preset": "cpu", "build": {"registry": "harbor.example/kit"}}))) == []
 
 
 def _labels_by_hand(name: str, role: str, engine: str | None = None) -> dict[str, str]:
@@ -252,7 +252,7 @@ def test_ninfer_primary_objects_written_out_by_hand(tmp_path):
     """The seeds' final stack (NInfer primary, llama.cpp fallback, front door) as the objects kit writes, every field
     spelled out from what it is for; nginx.conf is compose's (test_compose.py)."""
     config = make_config({"preset": "ninfer-primary", "stack": {"name": "seed"}, "model": {"dir": str(tmp_path)}})
-    files = k8s.objects(config)
+    files = k8s.objects(resolve.stack(config))
     assert list(files) == ["ninfer.yaml", "llama-cpp.yaml", "front-door.yaml"]
     conf, door, door_service = files["front-door.yaml"]  # the ConfigMap first: the Deployment mounts it
     selector = {"app.kubernetes.io/name": "front-door", "app.kubernetes.io/part-of": "seed"}
@@ -328,13 +328,13 @@ def test_namespace_and_kustomization_text(tmp_path):
 
 def test_a_lone_engine_exposed_is_the_nodeport():
     config = make_config({"serve": {"expose": True}})
-    (deployment, service) = k8s.objects(config)["llama-cpp.yaml"]
+    (deployment, service) = k8s.objects(resolve.stack(config))["llama-cpp.yaml"]
     assert service["spec"]["type"] == "NodePort"
 
 
 def test_the_stack_name_line():
     with pytest.raises(KitError) as err:
-        k8s.objects(make_config({"stack": {"name": "V100_box"}}))
+        k8s.objects(resolve.stack(make_config({"stack": {"name": "V100_box"}})))
     assert err.value.line() == ("stack.name: 'V100_box' is not a Kubernetes namespace name; use lowercase letters, "
                                 "digits and '-' (at most 63), starting and ending with a letter or digit")
 
@@ -368,7 +368,7 @@ def test_kit_refuses_manifests_that_hold_the_key(tmp_path, monkeypatch):
         return doc
     monkeypatch.setattr(k8s, "deployment", leaky)
     with pytest.raises(KitError) as err:
-        k8s.files(make_config({}), "kit-0123456789abcdef0123456789abcdef")
+        k8s.files(resolve.stack(make_config({})), "kit-0123456789abcdef0123456789abcdef")
     assert err.value.line() == ("k8s: Deployment/llama-cpp: holds the API key; report this: kit rendered manifests "
                                 "that break its own rules")
 
@@ -377,5 +377,5 @@ def test_which_registries_need_the_push_note():
     note = "set build.registry"
     for registry, needs in (("kit", True), ("team/kit", True), ("kit/x.y", True), ("harbor.example/kit", False),
                             ("localhost:5000/kit", False), ("registry.lan:5000/team", False)):
-        notes = k8s.notes(make_config({"preset": "cpu", "build": {"registry": registry}}))
+        notes = k8s.notes(resolve.stack(make_config({"preset": "cpu", "build": {"registry": registry}})))
         assert any(note in n for n in notes) == needs, registry

@@ -282,14 +282,14 @@ def test_deploy_preflight_checks_every_part_and_says_how_to_pull(tmp_path):
 
 
 def test_the_model_size_comes_from_its_files_once_they_are_here(tmp_path):
-    from kit import resolve, serving
+    from kit import resolve
 
     config = make_config({"model": {"dir": str(tmp_path), "file": "m-00001-of-00002.gguf", "size_gib": 15}})
-    assert resolve.model_size_gib(config) == 15 and serving.start_period_s(config) == 60 + 150  # not here yet
+    assert resolve.model_size_gib(config) == 15 and resolve.start_period_s(config) == 60 + 150  # not here yet
     for i, size in ((1, 3 * 2**30), (2, 2**30)):  # 3 GiB + 1 GiB, sparse
         with open(tmp_path / f"m-{i:05d}-of-00002.gguf", "wb") as f:
             f.truncate(size)
-    assert resolve.model_size_gib(config) == 4.0 and serving.start_period_s(config) == 60 + 40
+    assert resolve.model_size_gib(config) == 4.0 and resolve.start_period_s(config) == 60 + 40
 
 
 @pytest.mark.parametrize("hf_config,primary,code,said", [

@@ -22,9 +22,11 @@ STORE = ROOT / "appstore"
 
 def exported(tmp_path) -> Path:
     out = tmp_path / "appstore"
-    from kit import render
+    from kit import render, resolve
 
-    render.write_tree(out, export.export_files(cfg.from_dict({})))
+    config = cfg.from_dict({})
+    names = export.runnable_apps(config)
+    render.write_tree(out, export.export_files(resolve.stack(config, names), names))
     return out
 
 
@@ -164,9 +166,12 @@ def test_check_accepts_one_app_folder_as_well_as_a_store():
 
 
 def test_cpu_stack_exports_only_what_runs_on_cpu():
+    from kit import resolve
     from kit.panel import export
 
-    files = export.export_files(make_config({"preset": "cpu"}))
+    config = make_config({"preset": "cpu"})
+    names = export.runnable_apps(config)
+    files = export.export_files(resolve.stack(config, names), names)
     apps = {rel.split("/")[0] for rel in files}
     assert apps == {"llama-cpp-v100"}  # vLLM and NInfer have no cpu flavor
     compose = next(v for k, v in files.items() if k.endswith("docker-compose.yml"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from kit import modelinfo, plan
+from kit import modelinfo, plan, resolve
 from kit.errors import KitError
 from tests.conftest import make_config
 from tests.ggufmodels import SHAPES_27B, tensor_shapes, write_sparse_27b, write_tiny_llama
@@ -199,11 +199,9 @@ def test_vllm_kv_pool_from_hf_config(tmp_path):
 
 
 def test_ctx_auto_renders_the_planned_context(tmp_path):
-    from kit import serving
-
     write_sparse_27b(tmp_path / "Qwen3.8-27B-IQ4_XS.gguf")
     config = make_config({"model": {"ctx": "auto", "dir": str(tmp_path)}})
-    argv = serving.command(config, "llama.cpp")
+    argv = list(resolve.engine(config, "llama.cpp").argv)
     chosen = int(argv[argv.index("--kv-unified-per-slot") + 1])
     assert argv[argv.index("--parallel") + 1] == "4"
     # the largest per-request context with 4 slots: it fits and one step more does not
@@ -213,7 +211,7 @@ def test_ctx_auto_renders_the_planned_context(tmp_path):
     assert not all(g.fits for g in plan.plan_layer_split(config, m, chosen + 256).gpus)
     missing = make_config({"model": {"ctx": "auto", "dir": str(tmp_path / "nope")}})
     with pytest.raises(KitError) as err:
-        serving.command(missing, "llama.cpp")
+        list(resolve.engine(missing, "llama.cpp").argv)
     assert err.value.line().startswith("model.ctx: auto needs the model at")
 
 

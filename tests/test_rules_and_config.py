@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kit import config as cfg
+from kit import config as cfg, resolve
 from kit import rules
 from kit.errors import KitError
 from tests.conftest import make_config
@@ -122,13 +122,13 @@ BAD_INPUT = {
                                             ("auto", "auto")])
 def test_on_off_settings_take_yaml_booleans(value, expected, tmp_path):
     # `flash_attn: off` unquoted is YAML false: it means off, and renders --flash-attn off
-    from kit import config as cfg, serving
+    from kit import config as cfg
 
     path = tmp_path / "kit.yaml"
     text = {True: "on", False: "off"}.get(value, f'"{value}"') if isinstance(value, bool) else f'"{value}"'
     path.write_text(f"engines:\n  llama.cpp:\n    flash_attn: {text}\n")
     config = cfg.load(path)
-    argv = serving.command(config, "llama.cpp")
+    argv = list(resolve.engine(config, "llama.cpp").argv)
     assert argv[argv.index("--flash-attn") + 1] == expected
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit import config as cfg, tune, tunespace
+from kit import config as cfg, resolve, tune, tunespace
 from kit.errors import KitError
 from kit.tunesearch import FAILED, OK, PRUNED, REJECTED, Journal, Measurement, Search, Settings
 from tests.ggufmodels import write_sparse_27b, write_tiny_llama
@@ -162,10 +162,10 @@ def test_settings_that_mean_nothing_here_are_left_out():
     from kit import serving
 
     one_gpu = cfg.from_dict({"preset": "single-v100-32g"})
-    assert not tunespace.applies(space, "split_mode", serving.flag_values(one_gpu, "llama.cpp"))
-    assert tunespace.applies(space, "split_mode", serving.flag_values(cfg.from_dict({}), "llama.cpp"))
+    assert not tunespace.applies(space, "split_mode", serving.flag_values(one_gpu, resolve.engine(one_gpu, "llama.cpp")))
+    assert tunespace.applies(space, "split_mode", serving.flag_values(cfg.from_dict({}), resolve.engine(cfg.from_dict({}), "llama.cpp")))
     # no MTP layers (the model is not here: assumed none) -> no speculation -> no draft length to tune
-    assert not tunespace.applies(space, "spec_draft_n_max", serving.flag_values(cfg.from_dict({}), "llama.cpp"))
+    assert not tunespace.applies(space, "spec_draft_n_max", serving.flag_values(cfg.from_dict({}), resolve.engine(cfg.from_dict({}), "llama.cpp")))
 
 
 @pytest.mark.parametrize("text,field", [

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from kit import build, dockerfile, rules
+from kit import build, dockerfile, resolve, rules
 from kit import config as cfg
 from kit.errors import KitError
 from tests.conftest import ROOT, make_config, require
@@ -397,7 +397,7 @@ def test_every_vllm_command_is_what_the_pinned_vllm_parses(vllm_python, docker_r
     cases = _vllm_cases()
     assert {"dual-v100-nvlink", "dual-v100-pcie", "single-v100-32g"} <= {name for name, _ in cases}
     replies = _vllm_reads(docker_ready, vllm_python, [
-        {"argv": serving.command(config, "vllm"), "env": serving.environment(config, "vllm")} for _, config in cases])
+        {"argv": list(resolve.engine(config, "vllm").argv), "env": serving.environment(config, resolve.engine(config, "vllm"))} for _, config in cases])
     assert len(replies) == len(cases)
     for (name, config), reply in zip(cases, replies):
         assert "refused" not in reply, (name, reply)

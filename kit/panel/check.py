@@ -208,12 +208,12 @@ def check_version(version: Path, where: str, runtime: bool = False) -> list[Prob
 
 
 def official_tags(store_data: Path | None = None) -> set[str]:
-    from kit.panel.export import facts
+    from kit.panel.export import panel_table
 
     if store_data and store_data.is_file():
         data = _load(store_data)
         return {t["key"] for t in data["additionalProperties"]["tags"]}
-    return set(facts()["official_tags"])
+    return set(panel_table()["official_tags"])
 
 
 def check_store(root: Path, require_logo: bool = True, store_data: Path | None = None,
