@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from kit import catalog, dockerfile, dockerhost, imagetag, render
+from kit import dockerfile, dockerhost, render, resolve
 from kit.config import StackConfig
 from kit.errors import CheckFailed, KitError
 
@@ -105,7 +105,7 @@ def _local_sources(made: dockerfile.Recipe, dest: Path, code: bool) -> None:
 
 def _wheelhouse(config: StackConfig, name: str, dest: Path, source: Path | None, code: bool) -> None:
     """``dest/wheels``: the engine's built wheels (``--source`` or ``engines.<name>.wheelhouse``)."""
-    wheelhouse = Path(source or config.engine_settings(name).get("wheelhouse", ""))
+    wheelhouse = Path(source or resolve.image(config, name).settings.get("wheelhouse", ""))
     if code and not wheelhouse.is_dir():
         raise KitError(f"engines.{name}.wheelhouse", f"{wheelhouse} is not a folder of wheels",
                        "put the engine's .whl files there or pass --source DIR")
@@ -117,13 +117,14 @@ def _wheelhouse(config: StackConfig, name: str, dest: Path, source: Path | None,
 
 def _source_tree(config: StackConfig, name: str, dest: Path, source: Path | None, code: bool) -> None:
     """``dest/src``: the engine's source tree (``--source``, else a clone of the pinned ref when a stage compiles)."""
-    engine = catalog.get(name)
+    image = resolve.image(config, name)
+    engine = image.entry
     if source is not None:
         if not source.is_dir():
             raise KitError("--source", f"{source} is not a folder", "point it at an engine source tree")
         shutil.copytree(source, dest / "src", ignore=_skip_source(source), symlinks=True)
     elif code:
-        clone(engine.source.git, str(config.engine_settings(name).get("ref") or engine.source.ref), dest / "src")
+        clone(engine.source.git, str(image.settings.get("ref") or engine.source.ref), dest / "src")
     else:
         (dest / "src").mkdir()
 
@@ -194,7 +195,7 @@ class Progress:
 def build_engine(config: StackConfig, name: str, *, source: Path | None = None, target: str = "runtime",
                  no_cache: bool = False, push: bool = False, tag: str | None = None,
                  echo: Callable[[str], None] = print, verbose: bool = False) -> BuildResult:
-    base_tag = tag or imagetag.image_tag(config, name)
+    base_tag = tag or resolve.image(config, name).tag
     full_tag = base_tag if target == "runtime" or tag else f"{base_tag}-{target}"
     jobs = config.build_jobs()
     started = time.monotonic()

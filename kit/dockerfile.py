@@ -11,8 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from kit import __version__, archs, catalog, cudasource, resolve
-from kit.imagetag import engine_cuda_version
+from kit import __version__, archs, cudasource, resolve
 from kit.config import StackConfig
 from kit.errors import KitError
 from kit.versions import major_minor
@@ -24,8 +23,9 @@ PYPI = "pypi"  # torch_variant: the pip index's own torch wheels
 DEPS_DIR = "/opt/kit/deps"  # local folders for what an engine's build would fetch (build.fetches)
 
 
-def base_images(config: StackConfig, name: str, gpu: bool) -> dict[str, str]:
-    cuda = engine_cuda_version(config, name)
+def base_images(config: StackConfig, cuda: str, gpu: bool) -> dict[str, str]:
+    """The builder and runtime images for a toolkit version: NVIDIA's, Debian's release that packages it, or plain
+    Debian for a CPU build; ``base.builder``/``base.runtime`` override, the registry mirror prefixes the defaults."""
     if gpu and config.cuda.source == "image":
         defaults = {
             "builder": f"nvidia/cuda:{cuda}-devel-{config.cuda.os}",
@@ -50,8 +50,7 @@ def _debian_toolkit(cuda: str) -> dict[str, Any]:
     return toolkit
 
 
-def nccl_values(config: StackConfig, name: str) -> dict[str, Any]:
-    cuda = engine_cuda_version(config, name)
+def nccl_values(config: StackConfig, cuda: str) -> dict[str, Any]:
     root = "/opt/kit/nccl/nvidia/nccl"
     apt = config.nccl.source == "apt"
     return {
@@ -86,11 +85,12 @@ class Recipe:
     # what the build folder holds of the engine (kit.build.SOURCES): its source tree at src/, or its wheels at wheels/
     source = "tree"
 
-    def __init__(self, config: StackConfig, engine_name: str, ca_bundle: bool) -> None:
+    def __init__(self, config: StackConfig, image: resolve.ResolvedImage, ca_bundle: bool) -> None:
         self.config = config
-        self.engine = catalog.get(engine_name)
-        self.settings = config.engine_settings(engine_name)
-        self.flavor_name = resolve.flavor(config, engine_name)
+        self.image = image
+        self.engine = image.entry
+        self.settings = image.settings
+        self.flavor_name = image.flavor
         self.flavor = self.engine.flavors[self.flavor_name]
         self.gpu = self.flavor.gpu
         self.ca_bundle = ca_bundle
@@ -103,7 +103,7 @@ class Recipe:
 
     @cached_property
     def cuda_version(self) -> str:
-        return engine_cuda_version(self.config, self.engine.name)
+        return self.image.cuda_version
 
     @cached_property
     def debian_cuda(self) -> dict[str, Any] | None:
@@ -116,11 +116,11 @@ class Recipe:
 
     @cached_property
     def bases(self) -> dict[str, str]:
-        return base_images(self.config, self.engine.name, self.gpu)
+        return base_images(self.config, self.cuda_version, self.gpu)
 
     @cached_property
     def nccl(self) -> dict[str, Any] | None:
-        return nccl_values(self.config, self.engine.name) if self.gpu else None
+        return nccl_values(self.config, self.cuda_version) if self.gpu else None
 
     @cached_property
     def cuda(self) -> dict[str, Any]:
@@ -289,7 +289,7 @@ class Recipe:
             "requirement": settings.get("requirement", ""),
             "entrypoint": engine.entrypoint,
             "port": engine.port,
-            "health": {"cmd": engine.health_cmd, "start_period": resolve.start_period_s(config)},
+            "health": {"cmd": engine.health_cmd, "start_period": self.image.start_period_s},
             "user": USER,
             "labels": self.labels(),
             "manifest": self.manifest(),
@@ -360,7 +360,8 @@ RECIPES: dict[str, type[Recipe]] = {r.name: r for r in (CmakeRecipe, TorchSource
 def recipe(config: StackConfig, name: str, ca_bundle: bool) -> Recipe:
     """The recipe object for engine ``name`` of this stack (``images/<name>.yaml``'s ``recipe:``, which the catalog
     holds to the names of RECIPES)."""
-    return RECIPES[catalog.get(name).recipe](config, name, ca_bundle)
+    image = resolve.image(config, name)
+    return RECIPES[image.entry.recipe](config, image, ca_bundle)
 
 
 def template_values(config: StackConfig, name: str, ca_bundle: bool) -> dict[str, Any]:

@@ -31,6 +31,23 @@ AUTO = "auto"
 
 
 @dataclass(frozen=True)
+class ResolvedImage:
+    """An engine's image, decided from the config and the catalog alone: an image needs no model, so `kit build` runs
+    where the model is not. The Dockerfile recipes and `kit build` read this."""
+
+    name: str
+    entry: catalog.Engine  # the engine's catalog entry (images/<engine>.yaml)
+    flavor: str
+    gpu: bool  # the flavor runs on GPUs and the stack has some
+    settings: Mapping[str, Any]  # catalog defaults + config overrides (model-dependent ones undecided: no image reads them)
+    tag: str  # kit/llama-cpp:0c1e57098-cu12.9.1-sm70
+    cuda_version: str  # the engine's own toolkit if it names one (vLLM keeps sm_70 only below CUDA 12.8), else the stack's
+    # how long the engine may load before failed health checks count (the image's HEALTHCHECK and every run output's):
+    # from the weights' size, the files' own when they are here, else model.size_gib; never their header
+    start_period_s: int
+
+
+@dataclass(frozen=True)
 class ResolvedEngine:
     """One engine of the stack, every value decided."""
 
@@ -83,6 +100,18 @@ class ResolvedStack:
     def notes(self) -> list[str]:
         """Every note of the stack's engines, for `kit render` and `kit deploy` to print."""
         return [note for name in self.config.engine_names() for note in self.engines[name].notes]
+
+
+def image(config: StackConfig, name: str) -> ResolvedImage:
+    """Engine ``name``'s image for this config, decided once."""
+    cache = config.resolution_cache()
+    key = f"image:{name}"
+    if key not in cache:
+        cache[key] = ResolvedImage(
+            name=name, entry=catalog.get(name), flavor=flavor(config, name), gpu=gpu(config, name),
+            settings=MappingProxyType(config.engine_settings(name)), tag=imagetag.image_tag(config, name),
+            cuda_version=imagetag.engine_cuda_version(config, name), start_period_s=start_period_s(config))
+    return cache[key]
 
 
 def stack(config: StackConfig, names: tuple[str, ...] | list[str] = ()) -> ResolvedStack:
@@ -162,9 +191,9 @@ def gpu(config: StackConfig, name: str) -> bool:
 
 
 def _resolve(config: StackConfig, name: str) -> ResolvedEngine:
-    record = catalog.get(name)
-    flavor_name = flavor(config, name)
-    settings = config.engine_settings(name)
+    built = image(config, name)
+    record = built.entry
+    settings = dict(built.settings)
     notes: list[str] = []
     path = host_model_path(config, name)
     for key, rule in record.model_dependent.items():
@@ -183,10 +212,10 @@ def _resolve(config: StackConfig, name: str) -> ResolvedEngine:
     elif info is not None and info.context_length and int(ctx) > info.context_length:
         notes.append(trained_length_note(int(ctx), info))
     decided = ResolvedEngine(
-        name=name, entry=record, flavor=flavor_name, gpu=gpu(config, name),
+        name=name, entry=record, flavor=built.flavor, gpu=built.gpu,
         settings=MappingProxyType(settings), model_file=model_file(config, name), host_model_path=path,
         ctx=int(ctx), slots=config.serve.concurrency, notes=tuple(notes),
-        image=imagetag.image_tag(config, name), start_period_s=start_period_s(config),
+        image=built.tag, start_period_s=built.start_period_s,
     )
     env = {**(containerspec.nccl_env(config) if decided.gpu else {}), **serving.environment(config, decided)}
     return replace(decided, argv=tuple(serving.command(config, decided)), env=MappingProxyType(env))

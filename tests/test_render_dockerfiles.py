@@ -237,6 +237,6 @@ def test_every_configured_arch_is_in_the_label():
 def test_a_direct_caller_with_a_cuda_debian_does_not_package_gets_the_rules_line():
     config = cfg.from_dict({"cuda": {"source": "debian", "version": "12.9.1"}, "nccl": {"source": "pip"}})  # no rules
     with pytest.raises(KitError) as err:
-        dockerfile.base_images(config, "llama.cpp", True)
+        dockerfile.base_images(config, "12.9.1", True)
     assert err.value.line() == ("cuda.version: no Debian release packages CUDA 12.9.1; Debian has 11.8 (bookworm), "
                                 "12.4 (trixie); set cuda.version to one of those with cuda.source: debian")

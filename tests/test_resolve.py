@@ -146,3 +146,30 @@ def test_the_run_outputs_read_the_resolved_stack_and_nothing_else(tmp_path, monk
     app = next(v for k, v in apps.items() if k.endswith("docker-compose.yml") and primary.image.rsplit(":", 1)[1] in k)
     ctx_flag = next(a.flag for a in primary.entry.serve.args if a.value == "{ctx}")
     assert f"{ctx_flag} ${{CONTEXT_LENGTH}}" in app and f"{ctx_flag} {primary.ctx}" in " ".join(primary.argv)
+
+
+@pytest.mark.parametrize("preset", ["dual-v100-nvlink", "ninfer-primary", "cpu"])
+def test_the_dockerfiles_read_the_resolved_image_and_no_model(tmp_path, monkeypatch, preset):
+    """An image is decided from the config and the catalog alone (ResolvedImage), so `kit build` runs where the model
+    is not: with the model's header unreadable and the catalog and engine settings asked once, the Dockerfiles
+    render and carry the resolved tag's toolkit."""
+    from kit import catalog, dockerfile, modelinfo
+    from kit.config import StackConfig
+
+    config = make_config({"preset": preset, "model": {"dir": str(tmp_path / "elsewhere"), "size_gib": 15}})
+    images = {name: resolve.image(config, name) for name in config.engine_names()}
+
+    def asked(*args, **kwargs):
+        raise AssertionError("asked again")
+
+    for owner, attr in ((catalog, "get"), (modelinfo, "read"), (resolve, "engine"), (resolve, "flavor")):
+        monkeypatch.setattr(owner, attr, asked)
+    monkeypatch.setattr(StackConfig, "engine_settings", asked)
+    for name, image in images.items():
+        assert image.start_period_s == 60 + 10 * 15  # the model is not here: model.size_gib, 10 s per GiB
+        text = dockerfile.render_files(config, name)["Dockerfile"]
+        assert f'io.kit.engine="{name}"' in text and f"--start-period={image.start_period_s}s" in text
+        if image.gpu:  # the tag says the toolkit the Dockerfile installs: cu<version>-sm70
+            assert image.tag.endswith(f"-cu{image.cuda_version}-sm70") and image.cuda_version in text
+        else:
+            assert image.tag.endswith("-cpu")

@@ -241,7 +241,7 @@ def test_debian_cuda_version_picks_the_release_and_its_compiler():
                                               ("12.4.1", "trixie", "g++-13", "libcudart12")):
         config = make_config({"cuda": {"source": "debian", "version": version}, "nccl": {"source": "pip"}})
         ctx = dockerfile.template_values(config, "llama.cpp", ca_bundle=False)
-        assert dockerfile.base_images(config, "llama.cpp", True) == {"builder": f"debian:{suite}-slim",
+        assert dockerfile.base_images(config, version, True) == {"builder": f"debian:{suite}-slim",
                                                                      "runtime": f"debian:{suite}-slim"}
         assert ("CMAKE_CUDA_HOST_COMPILER", compiler) in ctx["backend"]["cmake_flags"]
         assert runtime in ctx["runtime_packages"]
