@@ -3,21 +3,47 @@ that reason. The control image (same recipe, no defect) passes the same checks. 
 
 The images are made from the kit base (`kit base`, no Docker Hub) in seconds: a fake engine is a copy of an ELF
 binary from the base (`/usr/bin/true`), so no compiler is needed.
+
+Every image is verified twice: in a container (the real `kit verify`) and over its exported root
+(`tests/verifyroot.py`), and the two must give the same verdicts and details. With ``KIT_VERIFY_ROOTS=DIR`` (the
+mutation benchmark) the roots are kept in DIR and, once there, used alone: no build, no container.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import tarfile
+import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from kit import verify
+from tests import verifyroot
 
 pytestmark = [pytest.mark.docker]
+ROOTS = os.environ.get("KIT_VERIFY_ROOTS")  # the mutation benchmark's folder of exported roots
+
+
+def root_of(tag: str) -> Path:
+    return Path(ROOTS or "") / tag.split(":", 1)[1]
+
+
+def checked(client, tag: str, checks: list[str]) -> list[verify.Check]:
+    """The verdicts of ``checks`` on ``tag``: the container's, which the exported root's must equal."""
+    if ROOTS:
+        folder = verifyroot.export(client, tag, root_of(tag)) if client is not None else root_of(tag)
+        return verify.verify(str(folder), checks, inspection=verifyroot.RootInspection)
+    results = verify.verify(tag, checks)
+    with tempfile.TemporaryDirectory(prefix="kit-root-") as tmp:
+        stand_in = verify.verify(str(verifyroot.export(client, tag, Path(tmp))), checks,
+                                 inspection=verifyroot.RootInspection)
+    assert [asdict(r) for r in stand_in] == [asdict(r) for r in results], "the exported root disagrees"
+    return results
 
 GOOD = """
 FROM {base}
@@ -69,6 +95,8 @@ DEFECTS = {
 
 def build(client, base: str, name: str, extra: str = "", forged: dict | None = None,
           files: dict[str, bytes] | None = None) -> str:
+    if ROOTS and (root_of(f"kit/test-verify:{name}") / "image.json").is_file():
+        return f"kit/test-verify:{name}"  # exported by an earlier run of the benchmark: no build
     dockerfile = GOOD.format(base=base) + extra + "\n"
     manifest = {**MANIFEST, **(forged or {})}
     return build_context(client, name, {"Dockerfile": dockerfile.encode(),
@@ -94,7 +122,7 @@ CHECKED = sorted({defect[1] for defect in DEFECTS.values()})
 
 def test_control_image_passes(docker_ready, base_image):
     tag = build(docker_ready, base_image, "good")
-    results = {r.name: r for r in verify.verify(tag, CHECKED)}
+    results = {r.name: r for r in checked(docker_ready, tag, CHECKED)}
     for name in CHECKED:
         assert results[name].status == "ok", (name, results[name].detail)
 
@@ -103,7 +131,7 @@ def test_control_image_passes(docker_ready, base_image):
 def test_one_defect_fails_its_check(defect, docker_ready, base_image):
     extra, check, reason, *forged = DEFECTS[defect]
     tag = build(docker_ready, base_image, defect, extra, *forged)
-    (result,) = verify.verify(tag, [check])
+    (result,) = checked(docker_ready, tag, [check])
     assert result.status == "fail", (defect, result.detail)
     assert reason in result.detail, (defect, result.detail)
 
@@ -135,7 +163,7 @@ def cuda_files(names: list[str]) -> dict[str, bytes]:
 
 def test_cuda_control_image_passes(docker_ready, base_image):
     tag = build(docker_ready, base_image, "cuda-good", CUDA_GOOD, CUDA_MANIFEST, cuda_files(["sm70.so"]))
-    (result,) = verify.verify(tag, ["cuda-arch"])
+    (result,) = checked(docker_ready, tag, ["cuda-arch"])
     assert result.status == "ok" and "real code for sm [70] only, no PTX" in result.detail, result.detail
 
 
@@ -144,7 +172,7 @@ def test_cuda_defect_fails_cuda_arch(defect, docker_ready, base_image):
     extra, names, reason, *forged = CUDA_DEFECTS[defect]
     tag = build(docker_ready, base_image, defect, extra, {**CUDA_MANIFEST, **(forged[0] if forged else {})},
                 cuda_files(names))
-    (result,) = verify.verify(tag, ["cuda-arch"])
+    (result,) = checked(docker_ready, tag, ["cuda-arch"])
     assert result.status == "fail", (defect, result.detail)
     assert reason in result.detail, (defect, result.detail)
 
@@ -163,7 +191,7 @@ def test_static_executable_with_the_wrong_arch(docker_ready, base_image, tmp_pat
     tag = build(docker_ready, base_image, "static-executable",
                 CUDA_GOOD + "\nUSER root\nCOPY tool /app/llama-tool\nRUN chmod +x /app/llama-tool\nUSER 10001",
                 CUDA_MANIFEST, files)
-    (result,) = verify.verify(tag, ["cuda-arch"])
+    (result,) = checked(docker_ready, tag, ["cuda-arch"])
     assert result.status == "fail" and "/app/llama-tool: sm [80]" in result.detail, result.detail
 
 
@@ -181,7 +209,7 @@ def test_device_code_that_cannot_be_read_is_reported(docker_ready, base_image, t
     files = {**cuda_files(["sm70.so"]), "bad.so": (tmp_path / "lib.so").read_bytes()}
     tag = build(docker_ready, base_image, "unreadable-fatbin",
                 CUDA_GOOD + "\nUSER root\nCOPY bad.so /app/libggml-bad.so\nUSER 10001", CUDA_MANIFEST, files)
-    (result,) = verify.verify(tag, ["cuda-arch"])
+    (result,) = checked(docker_ready, tag, ["cuda-arch"])
     assert result.status == "fail" and "/app/libggml-bad.so" in result.detail, result.detail
     assert "cannot be read" in result.detail
 
@@ -250,7 +278,7 @@ def test_nccl_control_image_passes(docker_ready, base_image, nccl_parts):
     files, engine_lib = nccl_parts
     tag = build(docker_ready, base_image, "nccl-good", NCCL_GOOD, NCCL_MANIFEST,
                 {**files, "libggml-cuda.so": engine_lib("")})
-    (result,) = verify.verify(tag, ["nccl-runtime"])
+    (result,) = checked(docker_ready, tag, ["nccl-runtime"])
     assert result.status == "ok", result.detail
     assert result.detail == "/opt/kit/nccl/libnccl.so.2: NCCL 2.27.3 = pin 2.27.3 (kit's probe)"
 
@@ -261,7 +289,7 @@ def test_nccl_defect_fails_nccl_runtime(defect, docker_ready, base_image, nccl_p
     extra, libs, reason = NCCL_DEFECTS[defect]
     context = {**files, **{name: engine_lib(runpath) for name, runpath in libs.items()}}
     tag = build(docker_ready, base_image, defect, NCCL_GOOD + "\n" + extra, NCCL_MANIFEST, context)
-    (result,) = verify.verify(tag, ["nccl-runtime"])
+    (result,) = checked(docker_ready, tag, ["nccl-runtime"])
     assert result.status == "fail", (defect, result.detail)
     assert reason in result.detail, (defect, result.detail)
 
@@ -293,7 +321,7 @@ def test_nccl_builder_reads_both_records_and_names_them(case, docker_ready, base
     extra = "USER root\nCOPY nccl-linked.txt /opt/kit/\nUSER 10001" if linked is not None else ""
     files = {"nccl-linked.txt": linked.encode()} if linked is not None else {}
     tag = build(docker_ready, base_image, f"builder-{case}", extra, {**BUILDER_MANIFEST, **forged}, files)
-    (result,) = verify.verify(tag, ["nccl-builder"])
+    (result,) = checked(docker_ready, tag, ["nccl-builder"])
     assert result.status == status and phrase in result.detail, (case, result.detail)
     if status == "ok":
         assert result.detail.startswith("record: the builder stage's loader found NCCL 2.27.3 = pin 2.27.3; ")
