@@ -188,3 +188,68 @@ def test_torch_archs_fails_when_volta_is_gone(tmp_path):
     assert result.returncode == 1
     assert "was built for sm_75 sm_80 sm_86 sm_90 sm_100 sm_120, not sm_70" in result.stderr
     assert torch_archs(tmp_path, "", "sm_70").returncode == 1  # a CPU-only torch
+
+
+# ---- kit verify's own probe: compiled once on this host (never the image's), or kit's ctypes script without a
+# compiler; probe_nccl runs either one "in the image", here this host through testinfra's local backend
+
+class _Here:
+    """What probe_nccl needs of an Inspection, on this host: commands run here, copy_in leaves the file where it is."""
+
+    def __init__(self) -> None:
+        import testinfra
+
+        self.host = testinfra.get_host("local://")
+
+    def copy_in(self, source: Path, folder: str = "/tmp") -> str:
+        return str(source)
+
+
+def test_verify_compiles_its_probe_once_into_the_users_cache(tmp_path, monkeypatch):
+    from kit import verify
+
+    require("GCC", GCC is not None, "no C compiler (apt-get install gcc)")
+    monkeypatch.setattr(Path, "home", lambda: tmp_path)
+    binary = verify.kit_probe()
+    assert binary is not None and binary.parent == tmp_path / ".cache" / "kit" and binary.name.startswith("nccl-probe-")
+    assert not binary.with_suffix(".tmp").exists()  # written beside, then renamed in
+    lib = stub_nccl(tmp_path / "a", 22703)
+    assert subprocess.run([str(binary), str(lib)], capture_output=True, text=True).stdout == "2.27.3\n"
+    # the second call finds it: no compiler is asked again
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("compiled again"))
+    assert verify.kit_probe() == binary
+
+
+def test_verify_without_a_compiler_or_with_a_failing_one_has_no_probe(tmp_path, monkeypatch):
+    from kit import verify
+
+    monkeypatch.setattr(Path, "home", lambda: tmp_path)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert verify.kit_probe() is None
+    broken = tmp_path / "cc"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(shutil, "which", lambda name: str(broken) if name == "gcc" else None)
+    assert verify.kit_probe() is None and not list((tmp_path / ".cache" / "kit").glob("nccl-probe-*"))
+
+
+@pytest.mark.parametrize("code,expected", [(22703, "2.27.3"), (2804, "2.8.4")])  # by hand as above
+def test_probe_nccl_with_kits_probe_and_with_its_ctypes_script(tmp_path, monkeypatch, code, expected):
+    from kit import verify
+
+    require("GCC", GCC is not None, "no C compiler (apt-get install gcc)")
+    lib = str(stub_nccl(tmp_path / "lib", code))
+    monkeypatch.setattr(Path, "home", lambda: tmp_path)
+    assert verify.probe_nccl(_Here(), lib) == (expected, "kit's probe")
+    monkeypatch.setattr(verify, "kit_probe", lambda: None)  # no compiler here: the image's python3, kit's script
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    assert verify.probe_nccl(_Here(), lib) == (expected, "kit's ctypes script")
+
+
+def test_probe_nccl_reports_a_library_that_does_not_load(tmp_path, monkeypatch):
+    from kit import verify
+
+    monkeypatch.setattr(verify, "kit_probe", lambda: None)
+    with pytest.raises(RuntimeError) as err:
+        verify.probe_nccl(_Here(), str(tmp_path / "missing.so"))
+    assert "missing.so" in str(err.value)

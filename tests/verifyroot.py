@@ -5,14 +5,14 @@ Every check of ``kit/verify.py`` reaches the image through ``Inspection``: ``hos
 starts a container per image and runs each command with ``docker exec``; a mutation run repeats every adversarial
 image's checks for each of hundreds of mutants, which at a container per image takes hours. ``RootInspection`` gives
 the same surface over the image's filesystem exported once (``docker export``) into a folder, and runs each command
-the way ``docker exec`` does, modelled on moby's own code:
+the way ``docker exec`` does, modelled on the code that does it:
 
-- the process runs as the image's ``USER``: a name or number looked up in the image's ``/etc/passwd`` and
-  ``/etc/group``, primary group and supplementary groups included (moby ``daemon/oci_linux.go`` ``getUser`` with
-  ``github.com/moby/sys/user`` ``GetExecUserPath``: numeric uids need no passwd entry and then get gid 0);
-- its environment is the image's ``Env``, with ``PATH`` defaulted when the image sets none and ``HOME`` from the
-  user's passwd entry, ``/`` without one (moby ``container/container.go`` ``CreateDaemonEnvironment`` and
-  ``daemon/exec.go``, ``oci.DefaultPathEnv``), and ``HOSTNAME``;
+- the process runs as the image's ``USER``: a name or number looked up in the image's own ``/etc/passwd`` and
+  ``/etc/group`` (runc ``libcontainer/init_linux.go`` ``setupUser``: ``user.GetExecUserPath`` with the defaults uid 0,
+  gid 0, home ``/``, so a numeric uid with no passwd entry gets gid 0), then ``Setgroups``, ``Setgid``, ``Setuid``;
+- its environment is moby's ``container/container.go`` ``CreateDaemonEnvironment``: ``PATH`` (``DefaultPathEnv``) and
+  ``HOSTNAME`` first, the image's ``Env`` replacing them; then ``HOME`` from the user's passwd entry when the
+  environment has none (runc ``setupUser``: "if we didn't get HOME already, set it based on the user's HOME");
 - in the image's ``WorkingDir`` (``/`` when unset), through ``/bin/sh -c`` as testinfra's docker backend does;
 - ``copy_out`` of a path whose last part is a symlink gives the link, not its target, as ``docker cp`` does (the
   checks resolve links themselves with ``readlink -f`` first).
