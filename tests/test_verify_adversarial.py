@@ -325,3 +325,80 @@ def test_nccl_builder_reads_both_records_and_names_them(case, docker_ready, base
     assert result.status == status and phrase in result.detail, (case, result.detail)
     if status == "ok":
         assert result.detail.startswith("record: the builder stage's loader found NCCL 2.27.3 = pin 2.27.3; ")
+
+
+# ---- Python engines (recipes wheel and torch-source): the engine's extension modules in a venv, a console script as
+# the entrypoint, and torch judged by its own arch list. Small images: the kit base with Debian's python3 and a venv;
+# torch is a module answering torch's two calls (`__version__`, `torch._C._cuda_getArchFlags()`) with the list a
+# cu128 wheel records (test_vllm_offline.py does the same on the real toolchain with real torch 2.10.0).
+PY_SITE = "/opt/venv/lib/python3.13/site-packages"
+PY_MANIFEST = {"engine": "vllm", "recipe": "torch-source", "archs": [70], "prefix": "/opt/venv", "package": "vllm",
+               "entrypoint": ["/opt/venv/bin/vllm", "serve"], "nccl_pin": None}
+# pip's console script (distlib's template), run by the venv's own python
+PY_SCRIPT = ("#!/opt/venv/bin/python3\nimport sys\nfrom vllm.entrypoints.cli.main import main\n"
+             "if __name__ == '__main__':\n    sys.exit(main())\n")
+
+
+def fake_torch(version: str, flags: str) -> str:
+    return (f"__version__ = {version!r}\nclass _C:\n    @staticmethod\n    def _cuda_getArchFlags():\n"
+            f"        return {flags!r}\n")
+
+
+VOLTA_TORCH = fake_torch("2.8.0+cu128", "sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120")  # torch 2.8.0's cu128 list
+PY_GOOD = {"so": {"vllm/_C.abi3.so": "sm70.so"}, "torch": VOLTA_TORCH}
+PY_CASES = {  # name -> (changes to PY_GOOD, the check, "ok"/"fail", a phrase of the detail)
+    "py-good": ({}, "cuda-arch", "ok", "1 files carry real code for sm [70] only, no PTX; torch 2.8.0+cu128 carries "
+                                       "sm_70 (of sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120)"),
+    "py-good-entrypoint": ({}, "entrypoint", "ok", 'exec form ["/opt/venv/bin/vllm", "serve"]'),
+    "py-no-torch": ({"torch": None}, "cuda-arch", "ok", "1 files carry real code for sm [70] only, no PTX"),
+    "py-torch-without-volta": ({"torch": fake_torch("2.11.0+cu128", "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120")},
+                               "cuda-arch", "fail", "torch 2.11.0+cu128 was built for sm_75 sm_80 sm_86 sm_90 sm_100 "
+                                                    "sm_120, not sm_70"),
+    "py-torch-broken": ({"torch": "raise ImportError('libcudart.so.12: cannot open shared object file')\n"},
+                        "cuda-arch", "fail", "cannot ask torch for its archs: ImportError: libcudart.so.12"),
+    "py-wrong-arch-in-a-subpackage": ({"so": {"vllm/_C.abi3.so": "sm70.so",
+                                              "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": "sm80.so"}},
+                                      "cuda-arch", "fail", f"{PY_SITE}/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so: sm [80]"),
+    "py-ptx-beside": ({"so": {"vllm/_C.abi3.so": "sm70_ptx70.so"}}, "cuda-arch", "fail",
+                      f"PTX beside the real code ({PY_SITE}/vllm/_C.abi3.so: compute [70])"),
+    # sm_70 code in another package is not the engine's
+    "py-no-device-code": ({"so": {"other/_C.abi3.so": "sm70.so"}}, "cuda-arch", "fail",
+                          "no CUDA device code found; expected sm_[70]"),
+    "py-shell-script": ({"script": "#!/bin/sh\nexec /opt/nvidia/nvidia_entrypoint.sh \"$@\"\n"}, "entrypoint", "fail",
+                        "/opt/venv/bin/vllm is a script, not the engine binary"),
+    # a script run by another interpreter than a python: not pip's console script
+    "py-perl-shebang": ({"script": "#!/usr/bin/perl\nexec('/bin/sh');\n"}, "entrypoint", "fail", "is a script"),
+    # the console script is allowed only to a recipe that pip installs
+    "py-script-for-a-cmake-engine": ({"manifest": {"recipe": "cmake"}}, "entrypoint", "fail", "is a script"),
+}
+
+
+@pytest.fixture(scope="module")
+def python_base(docker_ready, base_image):
+    """The kit base with Debian's python3 and an empty venv at /opt/venv (the venv module, no pip)."""
+    return build_context(docker_ready, "py-base", {"Dockerfile": (
+        f"FROM {base_image}\nRUN apt-get update && apt-get install -y --no-install-recommends python3 "
+        "&& rm -rf /var/lib/apt/lists/* && python3 -m venv --without-pip /opt/venv\n").encode()})
+
+
+@pytest.mark.parametrize("case", sorted(PY_CASES))
+def test_python_engine_checks(case, docker_ready, python_base):
+    changes, check, status, phrase = PY_CASES[case]
+    spec = {**PY_GOOD, "script": PY_SCRIPT, "manifest": {}, **changes}
+    if ROOTS and (root_of(f"kit/test-verify:{case}") / "image.json").is_file():
+        tag = f"kit/test-verify:{case}"
+    else:
+        files = {"vllm": spec["script"].encode(),
+                 "manifest.json": json.dumps({**PY_MANIFEST, **spec["manifest"]}).encode()}
+        lines = [f"FROM {python_base}", "RUN mkdir -p /opt/kit", "COPY manifest.json /opt/kit/manifest.json",
+                 "COPY vllm /opt/venv/bin/vllm", "RUN chmod 755 /opt/venv/bin/vllm"]
+        for i, (where, fixture) in enumerate(sorted(spec["so"].items())):
+            files[f"so{i}"] = (FATBIN / FIXTURE_FOR[fixture]).read_bytes()
+            lines.append(f"COPY so{i} {PY_SITE}/{where}")
+        if spec["torch"] is not None:
+            files["torch.py"] = spec["torch"].encode()
+            lines.append(f"COPY torch.py {PY_SITE}/torch/__init__.py")
+        lines += ["RUN useradd -u 10001 -m kit", "USER 10001", 'ENTRYPOINT ["/opt/venv/bin/vllm", "serve"]']
+        tag = build_context(docker_ready, case, {"Dockerfile": "\n".join(lines).encode() + b"\n", **files})
+    (result,) = checked(docker_ready, tag, [check])
+    assert result.status == status and phrase in result.detail, (case, result.detail)
