@@ -402,3 +402,58 @@ def test_python_engine_checks(case, docker_ready, python_base):
         tag = build_context(docker_ready, case, {"Dockerfile": "\n".join(lines).encode() + b"\n", **files})
     (result,) = checked(docker_ready, tag, [check])
     assert result.status == status and phrase in result.detail, (case, result.detail)
+
+
+# ---- libs and runs: the engine binary is an ELF that links what the image lacks, or prints nothing, or fails
+LOADS_CASES = {  # name -> (how /app/llama-server is made, check, status, phrase)
+    "libs-resolve": ("true", "libs", "ok", "1 ELF files resolve"),
+    "libs-from-the-driver": ("needs-libcuda", "libs", "ok", "1 ELF files resolve; from the host driver: libcuda.so.1"),
+    "libs-unresolved": ("needs-missing", "libs", "fail", "unresolved: libkitmissing.so.1 (needed by llama-server)"),
+    "runs-prints": ("echo", "runs", "ok", "`/app/llama-server --version`: echo (GNU coreutils)"),
+    # GNU true answers --version; a program that prints nothing at all does not
+    "runs-silent": ("silent", "runs", "fail", "`/app/llama-server --version` exited 0: "),
+    "runs-fails": ("false", "runs", "fail", "`/app/llama-server --version` exited 1"),
+    "runs-needs-the-driver": ("needs-libcuda", "runs", "skip", "needs libcuda.so.1 from the NVIDIA driver to start"),
+    "runs-unknown-engine": ("echo", "runs", "ok", "`/app/llama-server --version`: echo (GNU coreutils)"),
+}
+
+
+@pytest.fixture(scope="module")
+def linked_programs(tmp_path_factory):
+    """Executables that need libcuda.so.1 (the host driver's) or libkitmissing.so.1 (nobody's), linked against stubs
+    that the images do not get."""
+    import shutil
+
+    from tests.conftest import require
+
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    require("GCC", gcc is not None, "no C compiler (apt-get install gcc)")
+    root = tmp_path_factory.mktemp("linked")
+    out = {}
+    for name, soname, symbol in (("needs-libcuda", "libcuda.so.1", "cuInit"),
+                                 ("needs-missing", "libkitmissing.so.1", "kit_missing")):
+        (root / f"{name}.c").write_text(f"int {symbol}(unsigned f) {{ return (int) f; }}\n")
+        subprocess.run([gcc, "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(root / soname),
+                        str(root / f"{name}.c")], check=True)
+        (root / f"{name}-main.c").write_text(f"int {symbol}(unsigned);\nint main(void) {{ return {symbol}(0); }}\n")
+        subprocess.run([gcc, "-o", str(root / name), str(root / f"{name}-main.c"), f"-L{root}", f"-l:{soname}"],
+                       check=True)
+        out[name] = (root / name).read_bytes()
+    (root / "silent.c").write_text("int main(void) { return 0; }\n")
+    subprocess.run([gcc, "-o", str(root / "silent"), str(root / "silent.c")], check=True)
+    out["silent"] = (root / "silent").read_bytes()
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(LOADS_CASES))
+def test_libs_and_runs(case, docker_ready, base_image, linked_programs):
+    program, check, status, phrase = LOADS_CASES[case]
+    forged = {"engine": "some-engine"} if case == "runs-unknown-engine" else None
+    if program in linked_programs:
+        tag = build(docker_ready, base_image, case, "USER root\nCOPY engine /app/llama-server\n"
+                    "RUN chmod 755 /app/llama-server\nUSER 10001", forged, {"engine": linked_programs[program]})
+    else:
+        tag = build(docker_ready, base_image, case, f"USER root\nRUN cp /usr/bin/{program} /app/llama-server\n"
+                    "USER 10001", forged)
+    (result,) = checked(docker_ready, tag, [check])
+    assert result.status == status and phrase in result.detail, (case, result.detail)
