@@ -1,13 +1,15 @@
 """Resolve the stack once: config + catalog + the model's own header -> the values every output reads.
 
-The route: ``stack(config)`` -> ``ResolvedStack`` (its services, and per engine a ``ResolvedEngine``: catalog entry,
-flavor, settings, context, image, serve argv, environment) -> compose, the 1Panel apps and the Kubernetes manifests,
-which read that value and call neither the catalog nor the config's engine settings again.
+The route: ``image(config, name)`` -> ``ResolvedImage`` (config + catalog, no model header: catalog entry, flavor,
+settings, tag, CUDA version) -> the Dockerfile recipes and ``kit build``; ``stack(config)`` -> ``ResolvedStack`` (its
+services, and per engine a ``ResolvedEngine``: the image's values plus the model-dependent settings, context, serve
+argv, environment) -> compose, the 1Panel apps and the Kubernetes manifests. Those read the resolved value and call
+neither the catalog nor the config's engine settings again.
 
 Some settings cannot be right for every model: speculative decoding with the model's MTP head exists only when the
 GGUF carries MTP layers (llama-server exits at load otherwise), and ``model.ctx: auto`` is whatever fits. They are
 decided here, once per config, from the model file when it is on this machine, and recorded with a note saying
-what was read or assumed. Dockerfile, compose, the 1Panel apps and ``kit plan`` read the result and decide nothing.
+what was read or assumed.
 
 Concurrency is a stack fact (``serve.concurrency``): every engine serves that many requests at once, each up to
 ``model.ctx`` tokens (llama.cpp: ``--parallel`` slots with ``--kv-unified-per-slot ctx``, so llama-server sizes its
