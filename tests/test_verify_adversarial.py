@@ -153,6 +153,10 @@ CUDA_DEFECTS = {  # name -> (Dockerfile lines, files from the fixtures, the reas
                  "/app/libggml-cuda.so: sm none (PTX only)"),
     "forged-prefix-hides-nothing": (CUDA_GOOD + "\nUSER root\nCOPY sm80.so /app/libggml-rpc.so\nUSER 10001",
                                     ["sm70.so", "sm80.so"], "/app/libggml-rpc.so: sm [80]", {"prefix": "/nowhere"}),
+    # a cmake engine's recorded install folder is scanned too, not only the entrypoint's
+    "wrong-arch-under-the-recorded-prefix": (CUDA_GOOD + "\nUSER root\nCOPY sm80.so /opt/llama/lib/libggml-extra.so\n"
+                                             "USER 10001", ["sm70.so", "sm80.so"],
+                                             "/opt/llama/lib/libggml-extra.so: sm [80]", {"prefix": "/opt/llama"}),
 }
 FIXTURE_FOR = {"sm70.so": "sm70.o", "sm80.so": "sm80.o", "ptx70.so": "ptx70.o", "sm70_ptx70.so": "sm70_ptx70.o"}
 
@@ -274,6 +278,18 @@ def nccl_parts(tmp_path_factory):
     return files, engine_lib
 
 
+def test_nccl_behind_a_symlink_is_named_by_its_real_file(docker_ready, base_image, nccl_parts):
+    """The loader resolves libnccl.so.2, a link (as ldconfig makes them) to the versioned file: the check names the
+    file it probed."""
+    files, engine_lib = nccl_parts
+    tag = build(docker_ready, base_image, "nccl-symlink", NCCL_GOOD + "\nUSER root\nRUN mv /opt/kit/nccl/libnccl.so.2 "
+                "/opt/kit/nccl/libnccl.so.2.27.3 && ldconfig && test -L /opt/kit/nccl/libnccl.so.2\nUSER 10001",
+                NCCL_MANIFEST, {**files, "libggml-cuda.so": engine_lib("")})
+    (result,) = checked(docker_ready, tag, ["nccl-runtime"])
+    assert (result.status, result.detail) == ("ok", "/opt/kit/nccl/libnccl.so.2.27.3: NCCL 2.27.3 = pin 2.27.3 "
+                                                    "(kit's probe)")
+
+
 def test_nccl_control_image_passes(docker_ready, base_image, nccl_parts):
     files, engine_lib = nccl_parts
     tag = build(docker_ready, base_image, "nccl-good", NCCL_GOOD, NCCL_MANIFEST,
@@ -354,6 +370,11 @@ PY_CASES = {  # name -> (changes to PY_GOOD, the check, "ok"/"fail", a phrase of
     "py-torch-without-volta": ({"torch": fake_torch("2.11.0+cu128", "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120")},
                                "cuda-arch", "fail", "torch 2.11.0+cu128 was built for sm_75 sm_80 sm_86 sm_90 sm_100 "
                                                     "sm_120, not sm_70"),
+    # a CPU-only torch has an empty arch list
+    "py-torch-cpu-only": ({"torch": fake_torch("2.8.0+cpu", "")}, "cuda-arch", "fail",
+                          "torch 2.8.0+cpu was built for no CUDA arch, not sm_70"),
+    "py-torch-exits-silently": ({"torch": "import sys\nsys.exit(3)\n"}, "cuda-arch", "fail",
+                                "cannot ask torch for its archs: no output"),
     "py-torch-broken": ({"torch": "raise ImportError('libcudart.so.12: cannot open shared object file')\n"},
                         "cuda-arch", "fail", "cannot ask torch for its archs: ImportError: libcudart.so.12"),
     "py-wrong-arch-in-a-subpackage": ({"so": {"vllm/_C.abi3.so": "sm70.so",
@@ -401,7 +422,8 @@ def test_python_engine_checks(case, docker_ready, python_base):
         lines += ["RUN useradd -u 10001 -m kit", "USER 10001", 'ENTRYPOINT ["/opt/venv/bin/vllm", "serve"]']
         tag = build_context(docker_ready, case, {"Dockerfile": "\n".join(lines).encode() + b"\n", **files})
     (result,) = checked(docker_ready, tag, [check])
-    assert result.status == status and phrase in result.detail, (case, result.detail)
+    assert result.status == status, (case, result.detail)
+    assert result.detail == phrase if status == "ok" else phrase in result.detail, (case, result.detail)
 
 
 # ---- libs and runs: the engine binary is an ELF that links what the image lacks, or prints nothing, or fails
@@ -415,6 +437,9 @@ LOADS_CASES = {  # name -> (how /app/llama-server is made, check, status, phrase
     "runs-fails": ("false", "runs", "fail", "`/app/llama-server --version` exited 1"),
     "runs-needs-the-driver": ("needs-libcuda", "runs", "skip", "needs libcuda.so.1 from the NVIDIA driver to start"),
     "runs-unknown-engine": ("echo", "runs", "ok", "`/app/llama-server --version`: echo (GNU coreutils)"),
+    # owner without x (mode 005): a `-perm -u+x` scan misses it, and the entrypoint is checked all the same
+    "libs-entrypoint-hidden-from-the-scan": ("needs-missing", "libs", "fail",
+                                             "unresolved: libkitmissing.so.1 (needed by llama-server)"),
 }
 
 
@@ -450,8 +475,9 @@ def test_libs_and_runs(case, docker_ready, base_image, linked_programs):
     program, check, status, phrase = LOADS_CASES[case]
     forged = {"engine": "some-engine"} if case == "runs-unknown-engine" else None
     if program in linked_programs:
+        mode = "005" if case == "libs-entrypoint-hidden-from-the-scan" else "755"
         tag = build(docker_ready, base_image, case, "USER root\nCOPY engine /app/llama-server\n"
-                    "RUN chmod 755 /app/llama-server\nUSER 10001", forged, {"engine": linked_programs[program]})
+                    f"RUN chmod {mode} /app/llama-server\nUSER 10001", forged, {"engine": linked_programs[program]})
     else:
         tag = build(docker_ready, base_image, case, f"USER root\nRUN cp /usr/bin/{program} /app/llama-server\n"
                     "USER 10001", forged)
