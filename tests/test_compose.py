@@ -123,6 +123,7 @@ def test_front_door_has_backup_upstream(tmp_path):
     conf = (out / "front-door/nginx.conf").read_text()
     assert "server ninfer:8000 max_fails=1" in conf and "server llama-cpp:8080 backup;" in conf
     assert "proxy_next_upstream error timeout http_502 http_503" in conf
+    assert "listen 8080;" in conf and "listen 8000;" not in conf  # the front door's own port, not its upstream's
     compose = yaml.safe_load((out / "compose.yaml").read_text())
     assert compose["services"]["front-door"]["ports"] == ["127.0.0.1:8080:8080"]
     assert compose["services"]["ninfer"]["ports"] == ["127.0.0.1:8081:8000"]
@@ -195,3 +196,9 @@ def test_the_front_door_image_files(tmp_path):
     assert "ARG RUNTIME_IMAGE=kit/base:trixie\n" in files["Dockerfile"]
     plain = compose.front_door_image_files(make_config({"mirrors": {"registry": "mirror.example/"}}))
     assert set(plain) == {"Dockerfile"} and "ARG RUNTIME_IMAGE=mirror.example/debian:bookworm-slim\n" in plain["Dockerfile"]
+
+
+def test_no_front_door_writes_no_nginx_conf(tmp_path):
+    out = rendered(tmp_path, {})  # the default stack: one engine, nothing to choose from
+    assert not (out / "front-door").exists()
+    assert "front-door" not in yaml.safe_load((out / "compose.yaml").read_text())["services"]

@@ -87,3 +87,16 @@ def test_a_default_on_vllm_switch_is_turned_off_only_when_the_setting_is_off(chu
     nothing while the setting is on, and --no-enable-chunked-prefill when it is off."""
     config = make_config({"stack": {"primary": "vllm"}, "engines": {"vllm": {"enable_chunked_prefill": chunked}}})
     assert ("--no-enable-chunked-prefill" in list(resolve.engine(config, "vllm").argv)) is flag_present
+
+
+def test_the_catalogs_serve_env_is_formatted_with_the_flag_values():
+    """No shipped engine sets serve.env; an engine that does gets each value formatted from the resolved flag values,
+    lists joined by commas as in argv (dual-v100-nvlink: two GPUs, CUDA0 and CUDA1; 4 slots)."""
+    import dataclasses
+
+    config = make_config({"preset": "dual-v100-nvlink"})
+    resolved = resolve.engine(config, "llama.cpp")
+    serve = resolved.entry.serve.model_copy(update={"env": {"KIT_DEVICES": "{devices}", "KIT_SLOTS": "{slots}",
+                                                            "KIT_FIXED": "on"}})
+    engine = dataclasses.replace(resolved, entry=resolved.entry.model_copy(update={"serve": serve}))
+    assert serving.environment(config, engine) == {"KIT_DEVICES": "CUDA0,CUDA1", "KIT_SLOTS": "4", "KIT_FIXED": "on"}
