@@ -266,13 +266,13 @@ class Recipe:
         engine, config, settings = self.engine, self.config, self.settings
         return {
             "kit_version": __version__,
-            "engine": {"name": engine.name, "ref": self.ref, "recipe": self.name},
+            "engine": {"name": engine.name, "ref": self.ref},
             "flavor": self.flavor_name,
             "gpu": self.gpu,
             "images": self.bases,
             "cuda": self.cuda,
             "nccl": self.nccl,
-            "archs": {"list": self.archs, "cmake": archs.cmake(self.archs), "torch": archs.torch(self.archs),
+            "archs": {"cmake": archs.cmake(self.archs), "torch": archs.torch(self.archs),
                       "sm": [f"sm_{a}" for a in self.archs]},  # how torch._C._cuda_getArchFlags() names them
             "jobs": config.build_jobs(),
             "cmake_flags": sorted(self.build_flags.items()),

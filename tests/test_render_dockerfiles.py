@@ -141,6 +141,13 @@ def test_mirrors_and_ca_bundle(configure, tmp_path):
     assert "ENV PIP_INDEX_URL=https://p.cn/simple" in text
     assert "#http://m.cn#g" in text
     assert files["images/llama.cpp/kit/ca.crt"] == ca
+    # the image's source label is the engine's repository (images/llama.cpp.yaml source.git)
+    assert 'org.opencontainers.image.source="https://github.com/ggml-org/llama.cpp"' in text
+    # a base named in the config is used as written: the registry mirror prefixes only kit's defaults
+    named = configure({"mirrors": {"registry": "mirror.example.cn/"}, "base": {"builder": "harbor.lan/cuda:devel"}})
+    text = render.collect(named)["images/llama.cpp/Dockerfile"]
+    assert "ARG BUILDER_IMAGE=harbor.lan/cuda:devel\n" in text
+    assert "ARG RUNTIME_IMAGE=mirror.example.cn/nvidia/cuda:12.9.1-runtime-ubuntu22.04\n" in text
 
 
 def test_apt_nccl_package_matches_cuda_minor(configure):

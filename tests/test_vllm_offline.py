@@ -34,6 +34,7 @@ def test_torch_from_the_pip_index_and_sources_from_folders(tmp_path):
     # sm_70 only, flash-attention (kernels for sm_80+), FlashMLA (sm_90a), QuTLASS (sm_100a/120a) and triton_kernels
     # (used on compute capability 9.0-11.0 only) get kit's stand-ins whatever is given:
     # built from source, they would compile 392 files of kernels no V100 can run (benchmarks/results/vllm-sm70-build.md)
+    assert "# cutlass has kernels" not in text  # the stack's own folder is no stand-in
     assert ("COPY deps/cutlass/ /opt/kit/deps/cutlass/\n"
             "# flash_attn has kernels for sm_80 and newer only: kit's stand-in, nothing to download or compile\n"
             "COPY kit/stand-ins/flash_attn/ /opt/kit/deps/flash_attn/\n"
