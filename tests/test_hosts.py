@@ -346,6 +346,25 @@ def test_a_worker_runs_rpc_server_on_its_address_with_its_gpus(tmp_path):
     assert big["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["1"]
     assert big["labels"] == {"io.kit.role": "rpc-worker", "io.kit.engine": "llama.cpp"}
     assert "volumes" not in big and "environment" not in big  # no model, no API key: the primary sends the layers
+    # the whole file, written out: what compose on box "big" gets
+    from kit import __version__
+
+    text = (out / "hosts/big/compose.yaml").read_text()
+    assert text.startswith(f"# Rendered by kit {__version__}: edit kit.yaml and run `kit render`, not this file.\n")
+    assert yaml.safe_load(text) == {"name": "v100", "services": {"rpc-server": {
+        "image": first["image"], "pull_policy": "never", "container_name": "v100-rpc-server",
+        "entrypoint": ["/app/ggml-rpc-server"], "command": ["--host", "0.0.0.0", "--port", "50052"],
+        "ports": ["10.0.0.2:50052:50052"], "ipc": "host",
+        "healthcheck": {"test": ["CMD", "grep", "-q", "00000000:C384 00000000:0000 0A", "/proc/net/tcp"],
+                        "interval": "10s", "timeout": "3s", "retries": 3, "start_period": "10s"},
+        "restart": "unless-stopped",
+        "logging": {"driver": "json-file", "options": {"max-size": "50m", "max-file": "3"}},
+        "labels": {"io.kit.role": "rpc-worker", "io.kit.engine": "llama.cpp"},
+        "ulimits": {"memlock": -1, "stack": 67108864},
+        "deploy": {"resources": {"reservations": {"devices": [
+            {"driver": "nvidia", "device_ids": ["1"], "capabilities": ["gpu", "compute", "utility"]}]}}}}}}
+    # keys in the order written (sort_keys=False), block style
+    assert text.index("image:") < text.index("entrypoint:") < text.index("healthcheck:") < text.index("deploy:")
 
     wide = rendered(tmp_path / "wide", {**RPC, "stack": {**RPC["stack"], "rpc_listen_all": True}})
     assert yaml.safe_load((wide / "hosts/box3/compose.yaml").read_text())["services"]["rpc-server"]["ports"] == [
