@@ -19,6 +19,14 @@ def test_an_unknown_target_names_the_option_and_the_targets():
     assert err.value.line() == "--target: unknown target 'helm'; use one of compose, k8s"
 
 
+def test_hosts_with_the_k8s_target_is_one_line():
+    config = make_config({"hosts": [{"name": "here"}, {"name": "box2", "docker": "ssh://kit@10.0.0.2"}]})
+    with pytest.raises(KitError) as err:
+        render.collect(config, None, "k8s")
+    assert err.value.line() == ("hosts: hosts: is for compose stacks; a cluster places pods on its own nodes; "
+                                "drop hosts: for --target k8s (more replicas: scale the Deployment)")
+
+
 def test_a_ca_bundle_that_is_not_a_file(tmp_path):
     missing = tmp_path / "corp.pem"
     with pytest.raises(KitError) as err:
