@@ -462,6 +462,17 @@ def test_a_cpu_worker_lends_one_device_whatever_gpus_it_has():
 
     argv = list(resolve.engine(config, "llama.cpp").argv)
     assert argv[argv.index("--device") + 1] == "RPC0" and "--tensor-split" not in argv  # one device: no split
+    # the cpu flavor has no GPU of its own, but the lent device takes the layers: offloaded, one device, no split mode
+    assert argv[argv.index("--n-gpu-layers") + 1] == "all" and "--split-mode" not in argv
+
+    two = make_config({**TWO, "stack": {"rpc_workers": ["box2", "box3"]}, "hosts": [
+        {"name": "here"}, {"name": "box2", "docker": "ssh://kit@192.168.1.12", "hardware": {"gpus": 2, "memory_gib": 32}},
+        {"name": "box3", "docker": "ssh://kit@192.168.1.13", "hardware": {"gpus": 0, "memory_gib": 16}}]})
+    argv = list(resolve.engine(two, "llama.cpp").argv)
+    # two lent CPU devices (ratio 1 each) and none here: split over RPC0 and RPC1 by layer
+    assert argv[argv.index("--rpc"):argv.index("--flash-attn")] == [
+        "--rpc", "192.168.1.12:50052,192.168.1.13:50052", "--device", "RPC0,RPC1", "--n-gpu-layers", "all",
+        "--split-mode", "layer", "--tensor-split", "1,1"]
 
 
 def test_a_replica_beside_workers_serves_alone():
