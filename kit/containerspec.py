@@ -4,11 +4,9 @@ three never disagree on the environment, the GPU request, the limits, the health
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-
-from typing import TYPE_CHECKING
 
 from kit import paths
 from kit.config import StackConfig

@@ -54,21 +54,33 @@ class ResolvedEngine:
     """One engine of the stack, every value decided."""
 
     name: str
-    entry: catalog.Engine  # the engine's catalog entry (images/<engine>.yaml)
-    flavor: str
-    gpu: bool  # the flavor runs on GPUs and the stack has some
+    image: ResolvedImage  # what the config alone decides: catalog entry, flavor, tag, health start period
     settings: Mapping[str, Any]  # catalog defaults + config overrides, model-dependent values decided
     model_file: str  # inside model.dir
     host_model_path: Path
     ctx: int  # the longest single request, in tokens
     slots: int  # requests served at once
     notes: tuple[str, ...]  # what was read from the model or assumed without it
-    image: str  # the engine image's tag (imagetag: the config alone decides it)
-    start_period_s: int  # how long the engine may load before failed health checks count
     # the serve flags after the entrypoint, inside its container, and the environment (NCCL for GPU flavors, the
     # catalog's env; each output adds the API key): formatted by `serving` from the values above
     argv: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def entry(self) -> catalog.Engine:
+        return self.image.entry
+
+    @property
+    def flavor(self) -> str:
+        return self.image.flavor
+
+    @property
+    def gpu(self) -> bool:
+        return self.image.gpu
+
+    @property
+    def start_period_s(self) -> int:
+        return self.image.start_period_s
 
     @property
     def speculative(self) -> bool:
@@ -214,10 +226,8 @@ def _resolve(config: StackConfig, name: str) -> ResolvedEngine:
     elif info is not None and info.context_length and int(ctx) > info.context_length:
         notes.append(trained_length_note(int(ctx), info))
     decided = ResolvedEngine(
-        name=name, entry=record, flavor=built.flavor, gpu=built.gpu,
-        settings=MappingProxyType(settings), model_file=model_file(config, name), host_model_path=path,
-        ctx=int(ctx), slots=config.serve.concurrency, notes=tuple(notes),
-        image=built.tag, start_period_s=built.start_period_s,
+        name=name, image=built, settings=MappingProxyType(settings), model_file=model_file(config, name),
+        host_model_path=path, ctx=int(ctx), slots=config.serve.concurrency, notes=tuple(notes),
     )
     env = {**(containerspec.nccl_env(config) if decided.gpu else {}), **serving.environment(config, decided)}
     return replace(decided, argv=tuple(serving.command(config, decided)), env=MappingProxyType(env))

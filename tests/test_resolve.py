@@ -140,10 +140,10 @@ def test_the_run_outputs_read_the_resolved_stack_and_nothing_else(tmp_path, monk
     # and what they read is the resolved argv, as it is: the primary's command in compose, k8s and the 1Panel app
     primary = stack.primary
     service = yaml.safe_load(compose_files["compose.yaml"])["services"][stack.services[0].name]
-    assert service["command"] == list(primary.argv) and service["image"] == primary.image
+    assert service["command"] == list(primary.argv) and service["image"] == primary.image.tag
     pod = next(d for d in yaml.safe_load_all(manifests[f"k8s/{stack.services[0].name}.yaml"]) if d["kind"] == "Deployment")
     assert pod["spec"]["template"]["spec"]["containers"][0]["args"] == list(primary.argv)
-    app = next(v for k, v in apps.items() if k.endswith("docker-compose.yml") and primary.image.rsplit(":", 1)[1] in k)
+    app = next(v for k, v in apps.items() if k.endswith("docker-compose.yml") and primary.image.tag.rsplit(":", 1)[1] in k)
     ctx_flag = next(a.flag for a in primary.entry.serve.args if a.value == "{ctx}")
     assert f"{ctx_flag} ${{CONTEXT_LENGTH}}" in app and f"{ctx_flag} {primary.ctx}" in " ".join(primary.argv)
 

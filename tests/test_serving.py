@@ -98,5 +98,6 @@ def test_the_catalogs_serve_env_is_formatted_with_the_flag_values():
     resolved = resolve.engine(config, "llama.cpp")
     serve = resolved.entry.serve.model_copy(update={"env": {"KIT_DEVICES": "{devices}", "KIT_SLOTS": "{slots}",
                                                             "KIT_FIXED": "on"}})
-    engine = dataclasses.replace(resolved, entry=resolved.entry.model_copy(update={"serve": serve}))
+    image = dataclasses.replace(resolved.image, entry=resolved.entry.model_copy(update={"serve": serve}))
+    engine = dataclasses.replace(resolved, image=image)
     assert serving.environment(config, engine) == {"KIT_DEVICES": "CUDA0,CUDA1", "KIT_SLOTS": "4", "KIT_FIXED": "on"}

@@ -48,7 +48,7 @@ def localized(texts: dict[str, str]) -> dict[str, str]:
 
 def version_name(resolved: ResolvedEngine) -> str:
     """The image tag: never starts with 'v' (1Panel/Renovate convention)."""
-    return resolved.image.rsplit(":", 1)[1].lstrip("vV")
+    return resolved.image.tag.rsplit(":", 1)[1].lstrip("vV")
 
 
 def gpu_field_keys(config: StackConfig) -> list[str]:
@@ -115,7 +115,7 @@ def compose_for(config: StackConfig, resolved: ResolvedEngine, key: str) -> dict
     engine = resolved.entry
     env = containerspec.engine_env(resolved, "${API_KEY}")
     service: dict[str, Any] = {
-        "image": resolved.image,
+        "image": resolved.image.tag,
         "container_name": "${CONTAINER_NAME}",
         "restart": "unless-stopped",
         "networks": ["1panel-network"],
@@ -189,7 +189,7 @@ def app_files(stack: ResolvedStack, name: str) -> dict[str, str | bytes]:
     readme_ctx = {
         "name": info.name,
         "description": localized(info.description),
-        "image": resolved.image,
+        "image": resolved.image.tag,
         "archs": ", ".join(f"sm_{a}" for a in config.hardware.archs) if resolved.gpu else "CPU",
         "nccl": config.nccl.version if resolved.gpu else "",
         "entrypoint": " ".join(engine.entrypoint),
