@@ -36,7 +36,7 @@ def root_of(tag: str) -> Path:
 def checked(client, tag: str, checks: list[str]) -> list[verify.Check]:
     """The verdicts of ``checks`` on ``tag``: the container's, which the exported root's must equal."""
     if ROOTS:
-        folder = verifyroot.export(client, tag, root_of(tag)) if client is not None else root_of(tag)
+        folder = verifyroot.export(client, tag, root_of(tag))
         return verify.verify(str(folder), checks, inspection=verifyroot.RootInspection)
     results = verify.verify(tag, checks)
     with tempfile.TemporaryDirectory(prefix="kit-root-") as tmp:
@@ -95,8 +95,6 @@ DEFECTS = {
 
 def build(client, base: str, name: str, extra: str = "", forged: dict | None = None,
           files: dict[str, bytes] | None = None) -> str:
-    if ROOTS and (root_of(f"kit/test-verify:{name}") / "image.json").is_file():
-        return f"kit/test-verify:{name}"  # exported by an earlier run of the benchmark: no build
     dockerfile = GOOD.format(base=base) + extra + "\n"
     manifest = {**MANIFEST, **(forged or {})}
     return build_context(client, name, {"Dockerfile": dockerfile.encode(),
@@ -105,6 +103,9 @@ def build(client, base: str, name: str, extra: str = "", forged: dict | None = N
 
 def build_context(client, name: str, files: dict[str, bytes]) -> str:
     """``kit/test-verify:<name>`` built from a context held in memory (relative path -> bytes, with a Dockerfile)."""
+    tag = f"kit/test-verify:{name}"
+    if ROOTS and (root_of(tag) / "image.json").is_file():
+        return tag  # exported by an earlier run of the benchmark: no build
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for fname, data in files.items():
@@ -112,7 +113,6 @@ def build_context(client, name: str, files: dict[str, bytes]) -> str:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     buffer.seek(0)
-    tag = f"kit/test-verify:{name}"
     client.images.build(fileobj=buffer, custom_context=True, tag=tag, rm=True)
     return tag
 
@@ -355,6 +355,25 @@ PY_SCRIPT = ("#!/opt/venv/bin/python3\nimport sys\nfrom vllm.entrypoints.cli.mai
              "if __name__ == '__main__':\n    sys.exit(main())\n")
 
 
+def python_engine(client, base: str, name: str, so_files: dict[str, str], script: str = PY_SCRIPT,
+                  torch_module: str | None = None, manifest: dict | None = None, make_venv: bool = False) -> str:
+    """``kit/test-verify:<name>``: a Python engine on ``base``, its console script at /opt/venv/bin/vllm, the fatbin
+    fixtures as extension modules (site-packages path -> fixture), and ``torch_module`` as torch (in a venv made here
+    with ``make_venv``, for a base that has python3 but no venv)."""
+    files = {"vllm": script.encode(), "manifest.json": json.dumps({**PY_MANIFEST, **(manifest or {})}).encode()}
+    lines = [f"FROM {base}", "USER root", "RUN mkdir -p /opt/kit", "COPY manifest.json /opt/kit/manifest.json",
+             "COPY vllm /opt/venv/bin/vllm", "RUN chmod 755 /opt/venv/bin/vllm"]
+    for i, (where, fixture) in enumerate(sorted(so_files.items())):
+        files[f"so{i}"] = (FATBIN / FIXTURE_FOR[fixture]).read_bytes()
+        lines.append(f"COPY so{i} {PY_SITE}/{where}")
+    if torch_module is not None:
+        files["torch.py"] = torch_module.encode()
+        lines += ["RUN python3 -m venv /opt/venv"] if make_venv else []
+        lines.append(f"COPY torch.py {PY_SITE}/torch/__init__.py")
+    lines += ["RUN useradd -u 10001 -m kit", "USER 10001", 'ENTRYPOINT ["/opt/venv/bin/vllm", "serve"]']
+    return build_context(client, name, {"Dockerfile": "\n".join(lines).encode() + b"\n", **files})
+
+
 def fake_torch(version: str, flags: str) -> str:
     return (f"__version__ = {version!r}\nclass _C:\n    @staticmethod\n    def _cuda_getArchFlags():\n"
             f"        return {flags!r}\n")
@@ -406,21 +425,7 @@ def python_base(docker_ready, base_image):
 def test_python_engine_checks(case, docker_ready, python_base):
     changes, check, status, phrase = PY_CASES[case]
     spec = {**PY_GOOD, "script": PY_SCRIPT, "manifest": {}, **changes}
-    if ROOTS and (root_of(f"kit/test-verify:{case}") / "image.json").is_file():
-        tag = f"kit/test-verify:{case}"
-    else:
-        files = {"vllm": spec["script"].encode(),
-                 "manifest.json": json.dumps({**PY_MANIFEST, **spec["manifest"]}).encode()}
-        lines = [f"FROM {python_base}", "RUN mkdir -p /opt/kit", "COPY manifest.json /opt/kit/manifest.json",
-                 "COPY vllm /opt/venv/bin/vllm", "RUN chmod 755 /opt/venv/bin/vllm"]
-        for i, (where, fixture) in enumerate(sorted(spec["so"].items())):
-            files[f"so{i}"] = (FATBIN / FIXTURE_FOR[fixture]).read_bytes()
-            lines.append(f"COPY so{i} {PY_SITE}/{where}")
-        if spec["torch"] is not None:
-            files["torch.py"] = spec["torch"].encode()
-            lines.append(f"COPY torch.py {PY_SITE}/torch/__init__.py")
-        lines += ["RUN useradd -u 10001 -m kit", "USER 10001", 'ENTRYPOINT ["/opt/venv/bin/vllm", "serve"]']
-        tag = build_context(docker_ready, case, {"Dockerfile": "\n".join(lines).encode() + b"\n", **files})
+    tag = python_engine(docker_ready, python_base, case, spec["so"], spec["script"], spec["torch"], spec["manifest"])
     (result,) = checked(docker_ready, tag, [check])
     assert result.status == status, (case, result.detail)
     assert result.detail == phrase if status == "ok" else phrase in result.detail, (case, result.detail)

@@ -15,6 +15,7 @@ from kit import build, dockerfile, resolve, rules
 from kit import config as cfg
 from kit.errors import KitError
 from tests.conftest import ROOT, make_config, require
+from tests.test_verify_adversarial import PY_SCRIPT, PY_SITE as SITE, python_engine  # the same image layout
 
 OFFLINE = {"preset": "dual-v100-nvlink", "stack": {"primary": "vllm"}, "cuda": {"source": "debian", "version": "12.4.1"},
            "nccl": {"source": "pip"}}
@@ -259,29 +260,11 @@ def test_torch_loads_the_pinned_nccl(vllm_stages, docker_ready):
 # ---- kit verify on Python engines that compile: images made from the real toolchain stage (real torch 2.10.0 in
 # /opt/venv) with real CUDA objects (tests/fixtures/fatbin, nvcc 11.8) where vLLM's extension modules live
 
-SITE = "/opt/venv/lib/python3.13/site-packages"
-VLLM_MANIFEST = {"engine": "vllm", "recipe": "torch-source", "archs": [70], "prefix": "/opt/venv", "package": "vllm",
-                 "entrypoint": ["/opt/venv/bin/vllm", "serve"], "nccl_pin": None}
-# what pip writes for a console script (pip's distlib template), shebang and all
-CONSOLE_SCRIPT = ("#!/opt/venv/bin/python3\nimport sys\nfrom vllm.entrypoints.cli.main import main\n"
-                  "if __name__ == '__main__':\n    sys.exit(main())\n")
-
-
-def _python_engine(client, base: str, name: str, so_files: dict[str, str], script: str = CONSOLE_SCRIPT,
-                   torch_module: str = "") -> str:
-    from tests.test_verify_adversarial import FATBIN, FIXTURE_FOR, build_context
-
-    files = {"vllm": script.encode(), "manifest.json": json.dumps(VLLM_MANIFEST).encode()}
-    lines = [f"FROM {base}", "USER root", "RUN mkdir -p /opt/kit", "COPY manifest.json /opt/kit/manifest.json",
-             "COPY vllm /opt/venv/bin/vllm", "RUN chmod 755 /opt/venv/bin/vllm"]
-    for i, (where, fixture) in enumerate(sorted(so_files.items())):
-        files[f"so{i}"] = (FATBIN / FIXTURE_FOR[fixture]).read_bytes()
-        lines.append(f"COPY so{i} {SITE}/{where}")
-    if torch_module:  # a venv of the image's python3 holding this module as torch
-        files["torch.py"] = torch_module.encode()
-        lines += ["RUN python3 -m venv /opt/venv", f"COPY torch.py {SITE}/torch/__init__.py"]
-    lines += ["RUN useradd -u 10001 -m kit", "USER 10001", 'ENTRYPOINT ["/opt/venv/bin/vllm", "serve"]']
-    return build_context(client, f"python-{name}", {"Dockerfile": "\n".join(lines).encode() + b"\n", **files})
+def _python_engine(client, base: str, name: str, so_files: dict[str, str], script: str = PY_SCRIPT,
+                   torch_module: str | None = None) -> str:
+    """The real toolchain's venv (real torch), or with ``torch_module`` a venv of the runtime base's python3 holding
+    that module as torch."""
+    return python_engine(client, base, f"python-{name}", so_files, script, torch_module, make_venv=True)
 
 
 def _checks(tag: str) -> dict:
